@@ -1,0 +1,77 @@
+//! notification-service: tells each customer the saga's outcome for their order, once.
+//!
+//! - [`notify_customer`]: consumes `order.confirmed` / `order.cancelled` from `orders`,
+//!   records the notification and enqueues `notification.sent`, in one transaction.
+//!
+//! It listens to the order's *decided* outcome, never to payment results: a payment
+//! result that the saga rejected (a late `payment.failed` for a confirmed order) never
+//! reaches the customer.
+
+pub mod notify_customer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use clap::Parser;
+use saga::config::{DatabaseConfig, HttpConfig, KafkaConfig};
+use saga::service::{Service, Subscription};
+use tokio_util::sync::CancellationToken;
+
+pub use notify_customer::NotifyCustomer;
+
+pub const SERVICE: &str = "notification-service";
+
+mod embedded {
+    refinery::embed_migrations!("../../migrations/notifications");
+}
+
+/// notification-service: notifies customers of their order's outcome.
+#[derive(Debug, Clone, Parser)]
+#[command(version, about)]
+pub struct Config {
+    #[command(flatten)]
+    pub database: DatabaseConfig,
+    #[command(flatten)]
+    pub kafka: KafkaConfig,
+    #[command(flatten)]
+    pub http: HttpConfig,
+}
+
+pub struct Application {
+    service: Service,
+}
+
+impl Application {
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let addr = config
+            .http
+            .http_addr
+            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8082)));
+        let service = Service::start(
+            SERVICE,
+            &config.database,
+            &config.kafka,
+            addr,
+            embedded::migrations::runner,
+            "notification_schema_history",
+        )
+        .await?;
+        Ok(Self { service })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.service.local_addr()
+    }
+
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let topics = self.service.topics();
+        let handler = NotifyCustomer::new(self.service.pool.clone(), topics.clone());
+        let subscription = Subscription {
+            topic: topics.orders.clone(),
+            handler: Arc::new(handler),
+        };
+        self.service
+            .run(axum::Router::new(), subscription, shutdown)
+            .await
+    }
+}

@@ -1,0 +1,5 @@
+// The migrations are embedded at compile time; rebuild when one is added or changed.
+fn main() {
+    println!("cargo:rerun-if-changed=../../migrations/orders");
+    println!("cargo:rerun-if-changed=../../migrations/saga");
+}

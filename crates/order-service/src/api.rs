@@ -1,0 +1,250 @@
+//! The order API. Every error is a JSON body naming what is wrong:
+//!
+//! ```json
+//! {"error": {"code": "invalid_field", "field": "items[0].quantity", "message": "must be at least 1"}}
+//! ```
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use deadpool_postgres::Pool;
+use saga::Topics;
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::orders::{self, NewLine, Order, PlaceOrderError};
+
+/// More than this many units of one product is a typo, not an order.
+const MAX_QUANTITY: i32 = 1000;
+const MAX_ITEMS: usize = 100;
+
+#[derive(Clone)]
+struct AppState {
+    pool: Pool,
+    topics: Topics,
+}
+
+pub fn router(pool: Pool, topics: Topics) -> Router {
+    Router::new()
+        .route("/v1/orders", post(place_order))
+        .route("/v1/orders/{id}", get(get_order))
+        .with_state(AppState { pool, topics })
+}
+
+/// The body of `POST /v1/orders`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlaceOrder {
+    customer_id: String,
+    items: Vec<LineItem>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LineItem {
+    product_id: Uuid,
+    quantity: i32,
+}
+
+async fn place_order(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, HeaderMap, axum::Json<Order>), ApiError> {
+    let request: PlaceOrder = parse_json(&headers, &body)?;
+    let lines = validate(&request)?;
+    let order = orders::place_order(
+        &state.pool,
+        &state.topics,
+        request.customer_id.trim(),
+        &lines,
+    )
+    .await
+    .map_err(|error| match error {
+        PlaceOrderError::UnknownProduct { index, product_id } => ApiError::field(
+            format!("items[{index}].product_id"),
+            format!("unknown product {product_id}"),
+        ),
+        PlaceOrderError::Pool(error) => ApiError::Unavailable(error.to_string()),
+        PlaceOrderError::Database(error) => ApiError::Internal(error.into()),
+    })?;
+    tracing::info!(order_id = %order.id, amount_cents = order.amount_cents, "order placed");
+    let mut response_headers = HeaderMap::new();
+    let location = format!("/v1/orders/{}", order.id);
+    response_headers.insert(
+        header::LOCATION,
+        location.parse().expect("a path is a valid header"),
+    );
+    Ok((StatusCode::CREATED, response_headers, axum::Json(order)))
+}
+
+fn validate(request: &PlaceOrder) -> Result<Vec<NewLine>, ApiError> {
+    let customer_id = request.customer_id.trim();
+    if customer_id.is_empty() {
+        return Err(ApiError::field("customer_id", "must not be empty"));
+    }
+    if customer_id.len() > 200 {
+        return Err(ApiError::field(
+            "customer_id",
+            "must be at most 200 characters",
+        ));
+    }
+    if request.items.is_empty() {
+        return Err(ApiError::field("items", "must contain at least one item"));
+    }
+    if request.items.len() > MAX_ITEMS {
+        return Err(ApiError::field(
+            "items",
+            format!("must contain at most {MAX_ITEMS} items"),
+        ));
+    }
+    let mut lines: Vec<NewLine> = Vec::with_capacity(request.items.len());
+    for (index, item) in request.items.iter().enumerate() {
+        if item.quantity < 1 {
+            return Err(ApiError::field(
+                format!("items[{index}].quantity"),
+                "must be at least 1",
+            ));
+        }
+        if item.quantity > MAX_QUANTITY {
+            return Err(ApiError::field(
+                format!("items[{index}].quantity"),
+                format!("must be at most {MAX_QUANTITY}"),
+            ));
+        }
+        if lines.iter().any(|l| l.product_id == item.product_id) {
+            return Err(ApiError::field(
+                format!("items[{index}].product_id"),
+                "appears twice; give one item with the total quantity",
+            ));
+        }
+        lines.push(NewLine {
+            product_id: item.product_id,
+            quantity: item.quantity,
+        });
+    }
+    Ok(lines)
+}
+
+async fn get_order(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Order>, ApiError> {
+    let order_id: Uuid = id
+        .parse()
+        .map_err(|_| ApiError::field("id", format!("`{id}` is not an order id (a UUID)")))?;
+    let client = state
+        .pool
+        .get()
+        .await
+        .map_err(|error| ApiError::Unavailable(error.to_string()))?;
+    orders::find_order(&client, order_id)
+        .await
+        .map_err(|error| ApiError::Internal(error.into()))?
+        .map(axum::Json)
+        .ok_or(ApiError::NotFound(order_id))
+}
+
+/// Decodes a JSON body, naming the field that does not fit.
+fn parse_json<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|error| ApiError::MalformedJson(error.to_string()))?;
+    serde_path_to_error::deserialize(value).map_err(|error| {
+        let path = error.path().to_string();
+        let message = error.into_inner().to_string();
+        // serde reports a missing field at its parent; name the field itself.
+        match message
+            .strip_prefix("missing field `")
+            .and_then(|m| m.strip_suffix('`'))
+        {
+            Some(field) if path == "." => ApiError::field(field.to_owned(), "is required"),
+            Some(field) => ApiError::field(format!("{path}.{field}"), "is required"),
+            None => ApiError::field(path, message),
+        }
+    })
+}
+
+/// Every way a request can fail, and the status each one answers with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the body is not JSON at all.
+    #[error("body is not valid JSON: {0}")]
+    MalformedJson(String),
+    /// 415: the body is not declared as JSON.
+    #[error("Content-Type must be application/json")]
+    UnsupportedMediaType,
+    /// 422: the JSON is well-formed but a field is missing, of the wrong type, or out of range.
+    #[error("{field}: {message}")]
+    InvalidField { field: String, message: String },
+    /// 404: no order with this id.
+    #[error("no order {0}")]
+    NotFound(Uuid),
+    /// 503: the database cannot be reached; retrying later will work.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// 500: a bug or a surprise. Logged in full; the client sees no details.
+    #[error(transparent)]
+    Internal(anyhow::Error),
+}
+
+impl ApiError {
+    fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::InvalidField {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = match &self {
+            ApiError::MalformedJson(message) => (
+                StatusCode::BAD_REQUEST,
+                json!({ "code": "malformed_json", "message": format!("body is not valid JSON: {message}") }),
+            ),
+            ApiError::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                json!({ "code": "unsupported_media_type", "message": self.to_string() }),
+            ),
+            ApiError::InvalidField { field, message } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({ "code": "invalid_field", "field": field, "message": message }),
+            ),
+            ApiError::NotFound(_) => (
+                StatusCode::NOT_FOUND,
+                json!({ "code": "order_not_found", "message": self.to_string() }),
+            ),
+            ApiError::Unavailable(error) => {
+                tracing::warn!(%error, "request failed: database unavailable");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({ "code": "unavailable", "message": "the database is unavailable; retry later" }),
+                )
+            }
+            ApiError::Internal(error) => {
+                tracing::error!(error = format!("{error:#}"), "request failed");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "code": "internal", "message": "internal error" }),
+                )
+            }
+        };
+        (status, axum::Json(json!({ "error": body }))).into_response()
+    }
+}

@@ -1,0 +1,128 @@
+//! ApplyPaymentResult: the payment result moves a `pending` order to its outcome, once.
+//!
+//! Two guards, in one transaction with the state change and the outbox row:
+//! 1. **Dedupe.** The event id goes into `processed_events`; if it was already there, the
+//!    event is a redelivery: commit the no-op and touch nothing else.
+//! 2. **State.** `SELECT status … FOR UPDATE` locks the order; if it is already
+//!    `confirmed` or `cancelled`, a *different* result (new id, so guard 1 let it
+//!    through) arrived late: commit (the id stays recorded) and stop. The lock makes two
+//!    results for one order, applied concurrently, queue up here: the second sees the
+//!    first's outcome instead of the stale `pending`.
+//!
+//! Only then: set the status and enqueue `order.confirmed` / `order.cancelled`.
+
+use deadpool_postgres::Pool;
+use saga::events::{self, OrderOutcome, PaymentResult};
+use saga::outbox::{self, NewEvent};
+use saga::{Envelope, Handler, HandlerError, Outcome, Topics};
+
+use crate::orders::OrderStatus;
+
+pub struct ApplyPaymentResult {
+    pool: Pool,
+    topics: Topics,
+}
+
+impl ApplyPaymentResult {
+    pub fn new(pool: Pool, topics: Topics) -> Self {
+        Self { pool, topics }
+    }
+}
+
+impl Handler for ApplyPaymentResult {
+    async fn handle(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
+        let decided = match event.event_type.as_str() {
+            events::PAYMENT_SUCCEEDED => OrderStatus::Confirmed,
+            events::PAYMENT_FAILED => OrderStatus::Cancelled,
+            other => {
+                return Err(HandlerError::rejected(format!(
+                    "unknown event type `{other}`: the payments topic carries payment.succeeded and payment.failed"
+                )));
+            }
+        };
+        let payment: PaymentResult = event.payload()?;
+        event.check_aggregate(payment.order_id)?;
+        apply_payment_result(&self.pool, &self.topics, event, &payment, decided).await
+    }
+}
+
+#[tracing::instrument(skip_all, fields(order_id = %payment.order_id, event_id = %event.id))]
+pub async fn apply_payment_result(
+    pool: &Pool,
+    topics: &Topics,
+    event: &Envelope,
+    payment: &PaymentResult,
+    decided: OrderStatus,
+) -> Result<Outcome, HandlerError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+
+    // Guard 1: have we applied this very event before?
+    let claimed = tx
+        .execute(
+            "INSERT INTO processed_events (event_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&event.id],
+        )
+        .await?;
+    if claimed == 0 {
+        tx.commit().await?;
+        return Ok(Outcome::Duplicate);
+    }
+
+    // Guard 2: is the order still waiting for a payment result?
+    let Some(order) = tx
+        .query_opt(
+            "SELECT status, customer_id, amount_cents FROM orders WHERE id = $1 FOR UPDATE",
+            &[&payment.order_id],
+        )
+        .await?
+    else {
+        // Rolled back on drop: the id is not recorded, so a corrected redrive can apply.
+        return Err(HandlerError::rejected(format!(
+            "order {} does not exist",
+            payment.order_id
+        )));
+    };
+    if OrderStatus::from_db(order.get("status")).is_terminal() {
+        tx.commit().await?;
+        return Ok(Outcome::Guarded);
+    }
+
+    let reason = match decided {
+        OrderStatus::Cancelled => Some(
+            payment
+                .reason
+                .clone()
+                .unwrap_or_else(|| "payment failed".to_owned()),
+        ),
+        _ => None,
+    };
+    tx.execute(
+        "UPDATE orders SET status = $2, cancel_reason = $3, updated_at = now() WHERE id = $1",
+        &[&payment.order_id, &decided.as_str(), &reason],
+    )
+    .await?;
+    let outcome_id = events::order_outcome_id(payment.order_id);
+    let order_key = payment.order_id.to_string();
+    outbox::enqueue(
+        &tx,
+        &NewEvent {
+            event_id: &outcome_id,
+            topic: &topics.orders,
+            key: &order_key,
+            event_type: match decided {
+                OrderStatus::Confirmed => events::ORDER_CONFIRMED,
+                _ => events::ORDER_CANCELLED,
+            },
+            payload: &OrderOutcome {
+                order_id: payment.order_id,
+                customer_id: order.get("customer_id"),
+                amount_cents: order.get("amount_cents"),
+                reason,
+            },
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Outcome::Applied)
+}

@@ -1,0 +1,77 @@
+//! order-service: the saga's start and its end.
+//!
+//! - [`api`]: `POST /v1/orders` places a `pending` order and, in the same transaction,
+//!   the `order.created` event; `GET /v1/orders/{id}` shows where it stands.
+//! - [`apply_payment_result`]: consumes `payments` and moves the order to `confirmed` or
+//!   `cancelled`, exactly once, whatever the delivery layer repeats or reorders.
+//! - [`orders`]: the order aggregate's SQL.
+
+pub mod api;
+pub mod apply_payment_result;
+pub mod orders;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use clap::Parser;
+use saga::config::{DatabaseConfig, HttpConfig, KafkaConfig};
+use saga::service::{Service, Subscription};
+use tokio_util::sync::CancellationToken;
+
+pub use apply_payment_result::ApplyPaymentResult;
+
+pub const SERVICE: &str = "order-service";
+
+mod embedded {
+    refinery::embed_migrations!("../../migrations/orders");
+}
+
+/// order-service: order API and payment-result consumer.
+#[derive(Debug, Clone, Parser)]
+#[command(version, about)]
+pub struct Config {
+    #[command(flatten)]
+    pub database: DatabaseConfig,
+    #[command(flatten)]
+    pub kafka: KafkaConfig,
+    #[command(flatten)]
+    pub http: HttpConfig,
+}
+
+pub struct Application {
+    service: Service,
+}
+
+impl Application {
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let addr = config
+            .http
+            .http_addr
+            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080)));
+        let service = Service::start(
+            SERVICE,
+            &config.database,
+            &config.kafka,
+            addr,
+            embedded::migrations::runner,
+            "order_schema_history",
+        )
+        .await?;
+        Ok(Self { service })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.service.local_addr()
+    }
+
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let topics = self.service.topics();
+        let router = api::router(self.service.pool.clone(), topics.clone());
+        let handler = ApplyPaymentResult::new(self.service.pool.clone(), topics.clone());
+        let subscription = Subscription {
+            topic: topics.payments.clone(),
+            handler: Arc::new(handler),
+        };
+        self.service.run(router, subscription, shutdown).await
+    }
+}

@@ -1,0 +1,53 @@
+//! Settings every service shares, as `clap` argument groups: each is a `--flag` and an
+//! environment variable of the same meaning, and its doc comment is the `--help` text.
+//! Services `#[command(flatten)]` them into their own `Config`.
+
+use std::time::Duration;
+
+use clap::Args;
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseConfig {
+    /// PostgreSQL URL of this service's own database.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+
+    /// Connections in the pool shared by the HTTP handlers and the consumer's partitions.
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8)]
+    pub database_pool_size: usize,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KafkaConfig {
+    /// Kafka bootstrap servers, comma separated.
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub kafka_brokers: String,
+
+    /// Prepended to every topic and consumer group name, so several copies of the saga
+    /// (one per test, say) can share a broker without seeing each other's events.
+    #[arg(long, env = "KAFKA_NAMESPACE", default_value = "")]
+    pub kafka_namespace: String,
+
+    /// How often the outbox relay looks for unpublished rows when no NOTIFY woke it.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(10..))]
+    pub outbox_poll_interval_ms: u64,
+}
+
+impl KafkaConfig {
+    pub fn topics(&self) -> crate::Topics {
+        crate::Topics::new(&self.kafka_namespace)
+    }
+
+    pub fn outbox_poll_interval(&self) -> Duration {
+        Duration::from_millis(self.outbox_poll_interval_ms)
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HttpConfig {
+    /// Address the HTTP server listens on (API where there is one, `/health` always).
+    /// Port 0 picks a free port.
+    #[arg(long, env = "HTTP_ADDR")]
+    pub http_addr: Option<std::net::SocketAddr>,
+}

@@ -1,0 +1,357 @@
+//! The consumer loop: at-least-once delivery in, one handler transaction per event.
+//!
+//! Guarantees, and what they rest on:
+//! - **Commit after the handler.** Auto-commit is on but only commits offsets this loop
+//!   *stored*, and it stores a record's offset only after the handler's transaction
+//!   committed (or the record was dead-lettered and the broker acknowledged that). A crash
+//!   anywhere before redelivers the record; the handler's inbox absorbs the repeat.
+//! - **Per-partition order, partitions in parallel.** Each partition has one worker task
+//!   fed through a channel, so its records are applied one at a time in offset order,
+//!   while other partitions proceed. This is what makes storing "offset N done" safe:
+//!   every record before N in that partition is done too.
+//! - **Rebalances lose nothing.** librdkafka commits the stored offsets of revoked
+//!   partitions; a record still in a worker's hands when its partition moves is
+//!   redelivered to the new owner (and deduplicated there).
+//! - **Nothing is skipped.** A transient failure (database down) is retried with backoff
+//!   for as long as it lasts. A record that can never be processed goes to the group's
+//!   dead-letter topic with the reason in its headers, and the partition moves on.
+//! - **Graceful stop.** On shutdown, workers stop *between* records, never inside a
+//!   handler; stored offsets are committed once more before the consumer closes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::client::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::TopicPartitionList;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::backoff;
+use crate::envelope::Envelope;
+use crate::handler::{Handler, Retry};
+
+/// Records buffered per partition ahead of its worker. Small: the broker is the buffer.
+const PARTITION_QUEUE: usize = 64;
+
+#[derive(Debug, Clone)]
+pub struct ConsumerSettings {
+    pub brokers: String,
+    pub group_id: String,
+    pub topic: String,
+    /// Where records that can never be processed go, with the reason in headers.
+    pub dead_letter_topic: String,
+    /// Attempts for a failure of class [`Retry::AFewTimes`] before dead-lettering.
+    pub max_attempts: u32,
+}
+
+impl ConsumerSettings {
+    pub fn new(brokers: &str, group_id: String, topic: String, dead_letter_topic: String) -> Self {
+        Self {
+            brokers: brokers.to_owned(),
+            group_id,
+            topic,
+            dead_letter_topic,
+            max_attempts: 5,
+        }
+    }
+}
+
+/// Logs rebalances and failed commits, which librdkafka otherwise reports to no one.
+struct SagaConsumerContext;
+
+impl ClientContext for SagaConsumerContext {}
+
+impl ConsumerContext for SagaConsumerContext {
+    fn pre_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                tracing::info!(partitions = %partitions(tpl), "partitions assigned")
+            }
+            Rebalance::Revoke(tpl) => {
+                tracing::info!(partitions = %partitions(tpl), "partitions revoked")
+            }
+            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {}
+            // Nothing new was stored since the last commit.
+            Err(rdkafka::error::KafkaError::ConsumerCommit(
+                rdkafka::types::RDKafkaErrorCode::NoOffset,
+            )) => {}
+            Err(error) => {
+                tracing::warn!(%error, "offset commit failed; records since the last commit will be redelivered")
+            }
+        }
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> String {
+    tpl.elements()
+        .iter()
+        .map(|e| format!("{}[{}]", e.topic(), e.partition()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+type SagaConsumer = StreamConsumer<SagaConsumerContext>;
+
+/// Consumes `settings.topic` with `handler` until `shutdown` is cancelled.
+pub async fn run<H: Handler>(
+    settings: ConsumerSettings,
+    handler: Arc<H>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let consumer: Arc<SagaConsumer> = Arc::new(
+        ClientConfig::new()
+            .set("bootstrap.servers", &settings.brokers)
+            .set("group.id", &settings.group_id)
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
+            // The loop stores an offset only once its record is fully handled.
+            .set("enable.auto.offset.store", "false")
+            // A new group starts at the beginning: no event written before it existed is lost.
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            .create_with_context(SagaConsumerContext)?,
+    );
+    consumer.subscribe(&[&settings.topic])?;
+    let dead_letters: FutureProducer =
+        crate::kafka::idempotent_producer(&settings.brokers).create()?;
+    let worker = Arc::new(PartitionWorker {
+        consumer: consumer.clone(),
+        handler,
+        dead_letters,
+        settings: settings.clone(),
+        shutdown: shutdown.clone(),
+    });
+    tracing::info!(topic = %settings.topic, group = %settings.group_id, "consumer started");
+
+    let workers = TaskTracker::new();
+    let mut queues: HashMap<(String, i32), mpsc::Sender<OwnedMessage>> = HashMap::new();
+    let mut delays = backoff::backoff();
+    loop {
+        let received = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            received = consumer.recv() => received.map(|m| m.detach()),
+        };
+        let message = match received {
+            Ok(message) => {
+                delays = backoff::backoff();
+                message
+            }
+            Err(error) => {
+                // Broker unreachable and the like: librdkafka reconnects by itself; this
+                // only keeps the log from flooding meanwhile.
+                let delay = backoff::next_delay(&mut delays);
+                tracing::warn!(%error, retry_in = ?delay, "kafka consumer error");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(delay) => continue,
+                }
+            }
+        };
+        let key = (message.topic().to_owned(), message.partition());
+        let queue = queues.entry(key).or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(PARTITION_QUEUE);
+            workers.spawn(worker.clone().run(rx));
+            tx
+        });
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            sent = queue.send(message) => if sent.is_err() { break },
+        }
+    }
+
+    // Closing the queues lets each worker finish the record it holds and stop.
+    drop(queues);
+    workers.close();
+    workers.wait().await;
+    let final_commit = consumer.clone();
+    match tokio::task::spawn_blocking(move || final_commit.commit_consumer_state(CommitMode::Sync))
+        .await?
+    {
+        Ok(()) => {}
+        Err(rdkafka::error::KafkaError::ConsumerCommit(
+            rdkafka::types::RDKafkaErrorCode::NoOffset,
+        )) => {}
+        Err(error) => tracing::warn!(%error, "final offset commit failed"),
+    }
+    tracing::info!(topic = %settings.topic, "consumer stopped");
+    Ok(())
+}
+
+/// Applies the records of one partition, in order.
+struct PartitionWorker<H> {
+    consumer: Arc<SagaConsumer>,
+    handler: Arc<H>,
+    dead_letters: FutureProducer,
+    settings: ConsumerSettings,
+    shutdown: CancellationToken,
+}
+
+/// Whether a record is finished with (its offset may be stored) or was abandoned
+/// because the service is stopping (it will be redelivered).
+enum Done {
+    Finished,
+    Abandoned,
+}
+
+impl<H: Handler> PartitionWorker<H> {
+    async fn run(self: Arc<Self>, mut queue: mpsc::Receiver<OwnedMessage>) {
+        while let Some(message) = queue.recv().await {
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            let span = tracing::info_span!(
+                "record",
+                topic = message.topic(),
+                partition = message.partition(),
+                offset = message.offset(),
+                event_id = tracing::field::Empty,
+            );
+            match self.process(&message).instrument(span).await {
+                Done::Finished => self.store_offset(&message),
+                Done::Abandoned => return,
+            }
+        }
+    }
+
+    async fn process(&self, message: &OwnedMessage) -> Done {
+        let envelope = match Envelope::from_slice(message.payload().unwrap_or_default()) {
+            Ok(envelope) => envelope,
+            Err(error) => {
+                let now = OffsetDateTime::now_utc();
+                return self
+                    .dead_letter(message, &error.to_string(), 1, now, now)
+                    .await;
+            }
+        };
+        tracing::Span::current().record("event_id", envelope.id.as_str());
+        let first_failure = OffsetDateTime::now_utc();
+        let mut delays = backoff::backoff();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let error = match self.handler.handle(&envelope).await {
+                Ok(outcome) => {
+                    tracing::info!(
+                        event_id = %envelope.id,
+                        event_type = %envelope.event_type,
+                        outcome = outcome.as_str(),
+                        "event handled"
+                    );
+                    return Done::Finished;
+                }
+                Err(error) => error,
+            };
+            let retry = error.retry();
+            let give_up = match retry {
+                Retry::Never => true,
+                Retry::AFewTimes => attempt >= self.settings.max_attempts,
+                Retry::UntilItWorks => false,
+            };
+            if give_up {
+                let now = OffsetDateTime::now_utc();
+                return self
+                    .dead_letter(message, &error.to_string(), attempt, first_failure, now)
+                    .await;
+            }
+            let delay = backoff::next_delay(&mut delays);
+            tracing::warn!(event_id = %envelope.id, attempt, %error, retry_in = ?delay, "handler failed; retrying");
+            if !self.pause(delay).await {
+                return Done::Abandoned;
+            }
+        }
+    }
+
+    /// Produces the original record, untouched, to the dead-letter topic with why it is
+    /// there, and waits for the broker's acknowledgement: only then may the partition
+    /// move past it.
+    async fn dead_letter(
+        &self,
+        message: &OwnedMessage,
+        reason: &str,
+        attempts: u32,
+        first_failure: OffsetDateTime,
+        last_failure: OffsetDateTime,
+    ) -> Done {
+        let partition = message.partition().to_string();
+        let offset = message.offset().to_string();
+        let attempts = attempts.to_string();
+        let first = first_failure.format(&Rfc3339).unwrap_or_default();
+        let last = last_failure.format(&Rfc3339).unwrap_or_default();
+        let mut delays = backoff::backoff();
+        loop {
+            let mut headers = OwnedHeaders::new();
+            for (key, value) in [
+                ("dlq.reason", reason),
+                ("dlq.original.topic", message.topic()),
+                ("dlq.original.partition", &partition),
+                ("dlq.original.offset", &offset),
+                ("dlq.group", &self.settings.group_id),
+                ("dlq.attempts", &attempts),
+                ("dlq.first.failure", &first),
+                ("dlq.last.failure", &last),
+            ] {
+                headers = headers.insert(Header {
+                    key,
+                    value: Some(value),
+                });
+            }
+            let mut record: FutureRecord<'_, [u8], [u8]> =
+                FutureRecord::to(&self.settings.dead_letter_topic).headers(headers);
+            if let Some(key) = message.key() {
+                record = record.key(key);
+            }
+            if let Some(payload) = message.payload() {
+                record = record.payload(payload);
+            }
+            match self.dead_letters.send(record, Duration::from_secs(5)).await {
+                Ok(_) => {
+                    tracing::warn!(reason, dead_letter_topic = %self.settings.dead_letter_topic, "record dead-lettered");
+                    return Done::Finished;
+                }
+                Err((error, _)) => {
+                    let delay = backoff::next_delay(&mut delays);
+                    tracing::warn!(%error, retry_in = ?delay, "cannot dead-letter record; retrying");
+                    if !self.pause(delay).await {
+                        return Done::Abandoned;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sleeps for `delay`; false if the service began stopping meanwhile.
+    async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    fn store_offset(&self, message: &OwnedMessage) {
+        // librdkafka stores offset + 1: the next record to read.
+        if let Err(error) =
+            self.consumer
+                .store_offset(message.topic(), message.partition(), message.offset())
+        {
+            // The partition was revoked meanwhile; its new owner redelivers this record.
+            tracing::debug!(%error, "offset not stored");
+        }
+    }
+}

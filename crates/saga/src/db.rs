@@ -1,0 +1,96 @@
+//! PostgreSQL plumbing: the connection pool, single dedicated connections, and migrations.
+//!
+//! Every service owns one database. Its schema is two migration sets applied in order:
+//! the saga's own (`migrations/saga`: `processed_events`, `outbox`) and the service's
+//! (`migrations/<service>`), each with its own history table so the sets never collide.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::{Client, NoTls};
+
+use crate::config::DatabaseConfig;
+
+mod embedded {
+    refinery::embed_migrations!("../../migrations/saga");
+}
+
+/// Serialises migrations of instances starting at once against one database.
+const MIGRATION_LOCK: i64 = 0x006d_6967_7261_7465; // "migrate"
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("DATABASE_URL is not a valid PostgreSQL URL: {0}")]
+    Url(tokio_postgres::Error),
+    #[error("cannot build the connection pool: {0}")]
+    Pool(#[from] deadpool_postgres::BuildError),
+    #[error("cannot connect to PostgreSQL: {0}")]
+    Connect(tokio_postgres::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] refinery::Error),
+    #[error(transparent)]
+    Query(#[from] tokio_postgres::Error),
+}
+
+pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(DbError::Url)?;
+    // Without a timeout a connect to a stopped server can hang for minutes; the callers
+    // retry with backoff instead.
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    Ok(config)
+}
+
+/// The pool shared by HTTP handlers and consumer partitions. Connections are made lazily,
+/// so a service starts even while the database is down and recovers when it is back.
+pub fn pool(config: &DatabaseConfig) -> Result<Pool, DbError> {
+    let manager = Manager::from_config(
+        parse_url(&config.database_url)?,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Ok(Pool::builder(manager)
+        .max_size(config.database_pool_size)
+        .wait_timeout(Some(Duration::from_secs(10)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .runtime(Runtime::Tokio1)
+        .build()?)
+}
+
+/// One connection outside the pool, for work that needs a session of its own.
+pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, DbError> {
+    let (client, connection) = config.connect(NoTls).await.map_err(DbError::Connect)?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "database connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// Applies the saga's migrations, then the service's own set (from `service`, the
+/// `runner` of its `embed_migrations!` module) recorded in `history_table`. Safe to run
+/// from several instances at once.
+pub async fn migrate(
+    database_url: &str,
+    service: fn() -> refinery::Runner,
+    history_table: &str,
+) -> Result<(), DbError> {
+    let mut client = connect(&parse_url(database_url)?).await?;
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    embedded::migrations::runner()
+        .set_migration_table_name("saga_schema_history")
+        .run_async(&mut client)
+        .await?;
+    service()
+        .set_migration_table_name(history_table)
+        .run_async(&mut client)
+        .await?;
+    // Closing the session releases the advisory lock.
+    Ok(())
+}

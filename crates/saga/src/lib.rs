@@ -1,0 +1,36 @@
+//! The moving parts of a choreography saga that gets exactly-once *effects* out of
+//! at-least-once delivery.
+//!
+//! - [`envelope`]: the wire format, and parse errors that say what is wrong.
+//! - [`events`]: the event catalog: types, payloads, deterministic ids.
+//! - [`handler`]: what applying an event returns ([`Outcome`]) and how a failure is
+//!   retried ([`Retry`]).
+//! - [`consumer`]: the loop: per-partition order, offset stored after the handler,
+//!   backoff, dead letters, graceful stop.
+//! - [`outbox`]: [`outbox::enqueue`] inside the handler's transaction, and the
+//!   [`OutboxRelay`] that publishes committed rows.
+//! - [`db`], [`kafka`], [`config`], [`telemetry`], [`shutdown`], [`http`], [`service`]:
+//!   plumbing shared by the three services.
+//!
+//! What the saga does **not** promise: exactly-once delivery (every event may arrive
+//! more than once, and the handlers make that harmless), or automatic rollback (a failed
+//! order is moved *forward* to `cancelled`, not undone).
+
+pub mod backoff;
+pub mod config;
+pub mod consumer;
+pub mod db;
+pub mod envelope;
+pub mod events;
+pub mod handler;
+pub mod http;
+pub mod kafka;
+pub mod outbox;
+pub mod service;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use envelope::{Envelope, EnvelopeError};
+pub use handler::{Handler, HandlerError, Outcome, Retry};
+pub use kafka::Topics;
+pub use outbox::OutboxRelay;

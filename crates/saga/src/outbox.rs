@@ -1,0 +1,240 @@
+//! The transactional outbox: [`enqueue`] writes an event in the same transaction as the
+//! state change it announces; [`OutboxRelay`] publishes committed rows to Kafka.
+//!
+//! Guarantees:
+//! - An event is published if and only if its transaction committed.
+//! - A row is marked published only after the broker acknowledged it, so a crash in
+//!   between publishes it again: at-least-once, absorbed by the consumers' inbox.
+//! - One relay per database publishes at a time (a session advisory lock); others wait as
+//!   standbys and take over when its session ends.
+//! - Rows go out in `id` order, keyed by order id; with the idempotent producer, one
+//!   order's events reach its partition in the order they were written. (Ids are assigned
+//!   at insert, not commit, so two unrelated orders' rows may be published in either
+//!   order; one order's events are causally ordered, each written after the previous one
+//!   was consumed.)
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde::Serialize;
+use time::OffsetDateTime;
+use tokio::sync::mpsc;
+use tokio_postgres::types::Json;
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff;
+use crate::envelope::Envelope;
+
+/// An event to publish once the surrounding transaction commits.
+#[derive(Debug)]
+pub struct NewEvent<'a, P: Serialize> {
+    /// Deterministic id (see [`crate::events`]); unique in the outbox.
+    pub event_id: &'a str,
+    pub topic: &'a str,
+    /// The order id: the Kafka key, so an order's events share a partition.
+    pub key: &'a str,
+    pub event_type: &'a str,
+    pub payload: &'a P,
+}
+
+/// Inserts `event` into the outbox inside `tx`. A second event with the same id violates
+/// the `event_id` unique constraint: the database itself refuses to announce a
+/// deterministic event twice.
+pub async fn enqueue<P: Serialize + std::fmt::Debug + Sync>(
+    tx: &tokio_postgres::Transaction<'_>,
+    event: &NewEvent<'_, P>,
+) -> Result<(), tokio_postgres::Error> {
+    tx.execute(
+        "INSERT INTO outbox (event_id, topic, key, type, payload) VALUES ($1, $2, $3, $4, $5)",
+        &[
+            &event.event_id,
+            &event.topic,
+            &event.key,
+            &event.event_type,
+            &Json(event.payload),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Held by the active relay for its whole database session.
+const RELAY_LOCK: i64 = 0x6f75_7462_6f78; // "outbox"
+
+/// Publishes committed outbox rows to Kafka.
+pub struct OutboxRelay {
+    database: tokio_postgres::Config,
+    producer: FutureProducer,
+    /// How long to wait for a NOTIFY before looking anyway.
+    poll_interval: Duration,
+    /// Rows read, sent and acknowledged together per round trip.
+    batch_size: i64,
+}
+
+impl OutboxRelay {
+    pub fn new(database_url: &str, brokers: &str, poll_interval: Duration) -> anyhow::Result<Self> {
+        Ok(Self {
+            database: crate::db::parse_url(database_url)?,
+            producer: crate::kafka::idempotent_producer(brokers).create()?,
+            poll_interval,
+            batch_size: 100,
+        })
+    }
+
+    /// Runs until `shutdown`. Database or broker trouble ends the current session; the
+    /// relay then starts a new one after a backoff, so it never gives up.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut delays = backoff::backoff();
+        loop {
+            match self.session(&shutdown, &mut delays).await {
+                Ok(()) => return,
+                Err(error) => {
+                    let delay = backoff::next_delay(&mut delays);
+                    tracing::warn!(error = format!("{error:#}"), retry_in = ?delay, "outbox relay interrupted");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn session(
+        &self,
+        shutdown: &CancellationToken,
+        delays: &mut backon::ExponentialBackoff,
+    ) -> anyhow::Result<()> {
+        let (client, mut notifications) = self.connect_listening().await?;
+        loop {
+            let acquired: bool = client
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&RELAY_LOCK])
+                .await?
+                .get(0);
+            if acquired {
+                break;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(self.poll_interval) => {}
+            }
+        }
+        client.batch_execute("LISTEN outbox").await?;
+        tracing::info!("outbox relay active");
+        // Healthy again: the next interruption starts from the shortest delay.
+        *delays = backoff::backoff();
+        loop {
+            while self.publish_batch(&client).await? == self.batch_size as usize {}
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                notification = notifications.recv() => {
+                    if notification.is_none() {
+                        anyhow::bail!("database connection closed");
+                    }
+                    // One look serves every NOTIFY that arrived meanwhile.
+                    while notifications.try_recv().is_ok() {}
+                }
+                _ = tokio::time::sleep(self.poll_interval) => {}
+            }
+        }
+    }
+
+    /// A dedicated session: the advisory lock and LISTEN belong to it, and its
+    /// notifications arrive on the returned channel, which closes when the session ends.
+    async fn connect_listening(&self) -> anyhow::Result<(Client, mpsc::UnboundedReceiver<()>)> {
+        let (client, mut connection) = self.database.connect(NoTls).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(_)) => {
+                        if tx.send(()).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::debug!(%error, "outbox relay connection closed");
+                        return;
+                    }
+                }
+            }
+        });
+        Ok((client, rx))
+    }
+
+    /// Publishes up to one batch of unpublished rows; returns how many were published.
+    pub async fn publish_batch(&self, client: &Client) -> anyhow::Result<usize> {
+        let rows = client
+            .query(
+                "SELECT id, event_id, topic, key, type, payload, occurred_at
+                   FROM outbox
+                  WHERE published_at IS NULL
+                  ORDER BY id
+                  LIMIT $1",
+                &[&self.batch_size],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        // Send the whole batch, then await the acknowledgements together: one round trip
+        // to the broker per batch rather than per row.
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id: i64 = row.get("id");
+            let topic: String = row.get("topic");
+            let envelope = Envelope {
+                id: row.get("event_id"),
+                event_type: row.get("type"),
+                aggregate_id: row.get("key"),
+                payload: row.get::<_, Json<serde_json::Value>>("payload").0,
+                occurred_at: row.get::<_, OffsetDateTime>("occurred_at"),
+            };
+            let value = envelope.to_json();
+            let headers = OwnedHeaders::new()
+                .insert(Header {
+                    key: "event_id",
+                    value: Some(envelope.id.as_str()),
+                })
+                .insert(Header {
+                    key: "event_type",
+                    value: Some(envelope.event_type.as_str()),
+                });
+            let record = FutureRecord::to(&topic)
+                .key(&envelope.aggregate_id)
+                .payload(&value)
+                .headers(headers);
+            let delivery = self
+                .producer
+                .send_result(record)
+                .map_err(|(error, _)| anyhow::anyhow!("cannot enqueue {}: {error}", envelope.id))?;
+            deliveries.push((id, delivery));
+        }
+        let mut acknowledged = Vec::with_capacity(deliveries.len());
+        let mut failure = None;
+        for (id, delivery) in deliveries {
+            match delivery.await {
+                Ok(Ok(_)) => acknowledged.push(id),
+                Ok(Err((error, _))) => failure = Some(anyhow::anyhow!("outbox row {id}: {error}")),
+                Err(_) => failure = Some(anyhow::anyhow!("outbox row {id}: producer dropped")),
+            }
+        }
+        client
+            .execute(
+                "UPDATE outbox SET published_at = now() WHERE id = ANY($1)",
+                &[&acknowledged],
+            )
+            .await?;
+        tracing::debug!(published = acknowledged.len(), "outbox batch published");
+        match failure {
+            // Unacknowledged rows stay unpublished and go out on the next attempt.
+            Some(error) => Err(error),
+            None => Ok(acknowledged.len()),
+        }
+    }
+}

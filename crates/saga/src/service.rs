@@ -1,0 +1,174 @@
+//! The wiring every service shares: database pool and migrations, the HTTP listener, the
+//! outbox relay, and a consumer, run together until shutdown.
+//!
+//! A service is `Service::start` (fails fast on bad configuration; waits for the
+//! database) followed by `Service::run` with its own router and handler.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use axum::Router;
+use deadpool_postgres::Pool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{DatabaseConfig, KafkaConfig};
+use crate::consumer::{self, ConsumerSettings};
+use crate::db::{self, DbError};
+use crate::{Handler, OutboxRelay, Topics, backoff};
+
+/// A service between start-up and shutdown.
+pub struct Service {
+    /// Names the consumer group and the dead-letter topic, and labels the logs.
+    pub name: &'static str,
+    /// Shared by HTTP handlers and the consumer's partitions.
+    pub pool: Pool,
+    listener: TcpListener,
+    database_url: String,
+    kafka: KafkaConfig,
+}
+
+/// One topic this service consumes, and what applies its events.
+pub struct Subscription<H> {
+    pub topic: String,
+    pub handler: Arc<H>,
+}
+
+impl Service {
+    /// Binds the HTTP listener and migrates the database, waiting (with backoff) for a
+    /// database that is not up yet rather than crash-looping.
+    pub async fn start(
+        name: &'static str,
+        database: &DatabaseConfig,
+        kafka: &KafkaConfig,
+        http_addr: SocketAddr,
+        migrations: fn() -> refinery::Runner,
+        history_table: &str,
+    ) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(http_addr)
+            .await
+            .with_context(|| format!("cannot listen on {http_addr}"))?;
+        let mut delays = backoff::backoff();
+        loop {
+            match db::migrate(&database.database_url, migrations, history_table).await {
+                Ok(()) => break,
+                Err(DbError::Connect(error)) => {
+                    let delay = backoff::next_delay(&mut delays);
+                    tracing::warn!(%error, retry_in = ?delay, "database not reachable yet");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(error) => return Err(error).context("cannot migrate the database"),
+            }
+        }
+        Ok(Self {
+            name,
+            pool: db::pool(database)?,
+            listener,
+            database_url: database.database_url.clone(),
+            kafka: kafka.clone(),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn topics(&self) -> Topics {
+        self.kafka.topics()
+    }
+
+    /// Runs the HTTP server (`router` plus `/health`), the outbox relay and the consumer
+    /// until `shutdown`. If any of them fails, the others are stopped too and the error
+    /// is returned, so a supervisor sees the service die rather than limp.
+    pub async fn run<H: Handler>(
+        self,
+        router: Router,
+        subscription: Subscription<H>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let topics = self.topics();
+        let settings = ConsumerSettings::new(
+            &self.kafka.kafka_brokers,
+            topics.group(self.name),
+            subscription.topic.clone(),
+            topics.dead_letter(&subscription.topic, self.name),
+        );
+        let relay = OutboxRelay::new(
+            &self.database_url,
+            &self.kafka.kafka_brokers,
+            self.kafka.outbox_poll_interval(),
+        )?;
+        tracing::info!(service = self.name, addr = %self.local_addr(), "service started");
+
+        let tasks = Tasks::new(shutdown.clone());
+        let router = router.merge(crate::http::health(self.pool.clone()));
+        tasks.spawn(
+            "http",
+            crate::http::serve(self.listener, router, shutdown.clone()),
+        );
+        tasks.spawn(
+            "consumer",
+            consumer::run(settings, subscription.handler, shutdown.clone()),
+        );
+        let relay_shutdown = shutdown.clone();
+        tasks.spawn("outbox relay", async move {
+            relay.run(relay_shutdown).await;
+            Ok(())
+        });
+        tasks.wait().await
+    }
+}
+
+/// Tasks that live and die together.
+struct Tasks {
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    failure: Arc<std::sync::Mutex<Option<anyhow::Error>>>,
+}
+
+impl Tasks {
+    fn new(shutdown: CancellationToken) -> Self {
+        Self {
+            tracker: TaskTracker::new(),
+            shutdown,
+            failure: Arc::default(),
+        }
+    }
+
+    fn spawn(
+        &self,
+        name: &'static str,
+        task: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) {
+        let shutdown = self.shutdown.clone();
+        let failure = self.failure.clone();
+        self.tracker.spawn(async move {
+            if let Err(error) = task.await {
+                tracing::error!(
+                    task = name,
+                    error = format!("{error:#}"),
+                    "task failed; stopping"
+                );
+                failure
+                    .lock()
+                    .expect("no task panics while holding it")
+                    .get_or_insert(error.context(format!("{name} failed")));
+                shutdown.cancel();
+            }
+        });
+    }
+
+    async fn wait(self) -> anyhow::Result<()> {
+        self.tracker.close();
+        self.tracker.wait().await;
+        match self.failure.lock().expect("tasks have ended").take() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,161 @@
+# shellcheck shell=bash
+# Shared settings and helpers for the scripts in this folder. Sourced, never run.
+#
+# Every path is derived from this file's location, so the scripts work from any
+# working directory and from any clone (CI uses a fresh one in another folder).
+#
+# The settings are read by the scripts that source this file, hence:
+# shellcheck disable=SC2034
+
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# Runtime state (pid files, broker data, logs). Overridable so that several
+# checkouts, or a test harness, can keep their state apart.
+RUN_DIR="${SAGA_RUN_DIR:-$ROOT/.run}"
+# Downloads that survive `infra-down` and can be deleted at any time.
+CACHE_DIR="$ROOT/.cache"
+
+# Newest 4.x release that is both on Maven Central and published as the
+# apache/kafka:<version> image, so a containerised setup can run the same broker.
+# SAGA_KAFKA_VERSION exists only to try another release without editing this file.
+KAFKA_VERSION="${SAGA_KAFKA_VERSION:-4.3.1}"
+KAFKA_HOME="$CACHE_DIR/kafka-$KAFKA_VERSION"
+KAFKA_LIBS="$KAFKA_HOME/libs"
+KAFKA_HOST=127.0.0.1
+KAFKA_PORT=9092
+KAFKA_BOOTSTRAP="$KAFKA_HOST:$KAFKA_PORT"
+
+PG_HOST="${PG_HOST:-127.0.0.1}"
+PG_PORT="${PG_PORT:-5432}"
+PG_USER=saga
+PG_PASSWORD=saga
+PG_DATABASES=(orders payments notifications)
+
+# Every topic the services use, with the dead-letter topic of each consumer
+# (named <source topic>.<consuming service>.dlq). The broker refuses to
+# auto-create topics, so this list is the single place where they come from.
+KAFKA_TOPICS=(
+  orders
+  payments
+  notifications
+  orders.payment-service.dlq
+  payments.order-service.dlq
+  orders.notification-service.dlq
+)
+KAFKA_TOPIC_PARTITIONS=3
+
+log() {
+  printf '[order-saga] %s\n' "$*" >&2
+}
+
+die() {
+  log "error: $*"
+  exit 1
+}
+
+# wait_until TIMEOUT_SECONDS DESCRIPTION COMMAND...
+# Polls COMMAND every 0.5 s until it succeeds; fails naming DESCRIPTION once
+# TIMEOUT_SECONDS have passed. Waiting on the real condition rather than a fixed
+# sleep keeps the fast path fast and the slow path (a cold 2-core CI box) correct.
+wait_until() {
+  local timeout="$1" description="$2"
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@"; do
+    if ((SECONDS >= deadline)); then
+      log "error: timed out after ${timeout}s waiting for $description"
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+# True when something accepts TCP connections on HOST:PORT. Uses bash's
+# /dev/tcp so no extra package (nc, ss) is needed on a fresh machine.
+tcp_open() {
+  local host="$1" port="$2"
+  # shellcheck disable=SC2016 # $1 and $2 expand in the inner bash.
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$host" "$port" 2>/dev/null
+}
+
+require_command() {
+  local cmd="$1" hint="$2"
+  command -v "$cmd" >/dev/null 2>&1 || die "'$cmd' not found on PATH: $hint"
+}
+
+# True when PID_FILE names a live process whose command line contains PATTERN.
+# The pattern guards against a recycled pid after a reboot or a crash.
+pid_file_alive() {
+  local pid_file="$1" pattern="$2" pid
+  [[ -s "$pid_file" ]] || return 1
+  pid="$(<"$pid_file")"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  [[ -r "/proc/$pid/cmdline" ]] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$pattern"
+}
+
+# Fetches the broker and CLI jars from Maven Central into $KAFKA_LIBS, once.
+# The marker records the POM's checksum: it is written only after a complete
+# copy (so an interrupted download is redone) and a changed POM refetches.
+ensure_kafka_jars() {
+  local pom="$ROOT/deploy/kafka/pom.xml"
+  local marker="$KAFKA_HOME/.libs-complete"
+  local want
+  want="$(sha256sum "$pom" | cut -d' ' -f1) $KAFKA_VERSION"
+  if [[ -f "$marker" && "$(<"$marker")" == "$want" ]]; then
+    return 0
+  fi
+
+  mkdir -p "$KAFKA_HOME"
+  # Two scripts started together (infra-up and a kafka-* wrapper) must not
+  # both write into libs/; the second one waits and then finds the marker.
+  exec {lock_fd}>"$KAFKA_HOME/.fetch.lock"
+  flock "$lock_fd"
+  if [[ -f "$marker" && "$(<"$marker")" == "$want" ]]; then
+    exec {lock_fd}>&-
+    return 0
+  fi
+
+  require_command mvn "install Maven (apt-get install -y maven)"
+  require_command java "install Java 17 (apt-get install -y openjdk-17-jdk-headless)"
+  log "fetching Apache Kafka $KAFKA_VERSION jars from Maven Central into $KAFKA_LIBS"
+  rm -rf "$KAFKA_LIBS" "$marker"
+  # Output to a file, shown only on failure: even with -B -q, Debian's Maven
+  # 3.8 prints stray terminal colour codes.
+  if ! mvn -B -q -f "$pom" \
+    -Dkafka.version="$KAFKA_VERSION" \
+    dependency:copy-dependencies \
+    -DincludeScope=runtime \
+    -DoutputDirectory="$KAFKA_LIBS" >"$KAFKA_HOME/fetch.log" 2>&1; then
+    cat "$KAFKA_HOME/fetch.log" >&2
+    die "could not fetch the Kafka $KAFKA_VERSION jars with Maven (output above)"
+  fi
+  printf '%s\n' "$want" >"$marker"
+  exec {lock_fd}>&-
+}
+
+# kafka_java_cmd [EXTRA_CLASSPATH]
+# Fills the array KAFKA_JAVA with a java command line that runs classes from
+# the cached Kafka jars with the CLI logging setup; append CLASS and ARGS.
+# An array rather than a function so that callers can `exec` it: signals such
+# as Ctrl-C then reach the JVM directly.
+# shellcheck disable=SC2120 # the argument is optional
+kafka_java_cmd() {
+  # The quoted glob is expanded by the JVM, not by bash.
+  local classpath="$KAFKA_LIBS/*"
+  if (($#)); then
+    classpath="$1:$classpath"
+  fi
+  # Short-lived tools start markedly faster with the C1 compiler only and the
+  # serial collector (about 2.4 s instead of 3.5 s for `kafka-topics --list`
+  # on two cores); neither matters for a few seconds of work.
+  KAFKA_JAVA=(
+    java -Xmx256m
+    -XX:+UseSerialGC -XX:TieredStopAtLevel=1
+    -Djava.awt.headless=true
+    -Dlog4j2.configurationFile="$ROOT/deploy/kafka/tools-log4j2.properties"
+    -cp "$classpath"
+  )
+}
