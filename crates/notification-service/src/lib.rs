@@ -25,6 +25,14 @@ mod embedded {
     refinery::embed_migrations!("../../migrations/notifications");
 }
 
+/// This service's own migrations (`migrations/notifications`), applied after the saga's.
+pub fn migrations() -> refinery::Runner {
+    embedded::migrations::runner()
+}
+
+/// Where [`migrations`] records what it applied.
+pub const HISTORY_TABLE: &str = "notification_schema_history";
+
 /// notification-service: notifies customers of their order's outcome.
 #[derive(Debug, Clone, Parser)]
 #[command(version, about)]
@@ -52,8 +60,8 @@ impl Application {
             &config.database,
             &config.kafka,
             addr,
-            embedded::migrations::runner,
-            "notification_schema_history",
+            migrations,
+            HISTORY_TABLE,
         )
         .await?;
         Ok(Self { service })

@@ -26,6 +26,14 @@ mod embedded {
     refinery::embed_migrations!("../../migrations/orders");
 }
 
+/// This service's own migrations (`migrations/orders`), applied after the saga's.
+pub fn migrations() -> refinery::Runner {
+    embedded::migrations::runner()
+}
+
+/// Where [`migrations`] records what it applied.
+pub const HISTORY_TABLE: &str = "order_schema_history";
+
 /// order-service: order API and payment-result consumer.
 #[derive(Debug, Clone, Parser)]
 #[command(version, about)]
@@ -53,8 +61,8 @@ impl Application {
             &config.database,
             &config.kafka,
             addr,
-            embedded::migrations::runner,
-            "order_schema_history",
+            migrations,
+            HISTORY_TABLE,
         )
         .await?;
         Ok(Self { service })

@@ -21,6 +21,14 @@ mod embedded {
     refinery::embed_migrations!("../../migrations/payments");
 }
 
+/// This service's own migrations (`migrations/payments`), applied after the saga's.
+pub fn migrations() -> refinery::Runner {
+    embedded::migrations::runner()
+}
+
+/// Where [`migrations`] records what it applied.
+pub const HISTORY_TABLE: &str = "payment_schema_history";
+
 /// payment-service: charges orders.
 #[derive(Debug, Clone, Parser)]
 #[command(version, about)]
@@ -52,8 +60,8 @@ impl Application {
             &config.database,
             &config.kafka,
             addr,
-            embedded::migrations::runner,
-            "payment_schema_history",
+            migrations,
+            HISTORY_TABLE,
         )
         .await?;
         let policy = PaymentPolicy {

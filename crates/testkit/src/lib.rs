@@ -1,0 +1,284 @@
+//! Helpers for tests that talk to the real PostgreSQL and the real Kafka broker
+//! (`scripts/test` starts both).
+//!
+//! Each test gets its own database ([`TestDatabase`]) and its own topics and consumer
+//! groups ([`TestKafka`], a namespace prefix), so tests run in parallel without seeing
+//! each other. Waiting is always for a condition ([`eventually`]), never for a time.
+//!
+//! Settings, with their defaults: `SAGA_TEST_POSTGRES_URL`
+//! (`postgres://saga:saga@127.0.0.1:5432/postgres`, a role that may create databases),
+//! `KAFKA_BROKERS` (`127.0.0.1:9092`).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use saga::Topics;
+use saga::config::DatabaseConfig;
+use uuid::Uuid;
+
+/// Test databases are named with this prefix; `scripts/test` drops leftovers.
+pub const DATABASE_PREFIX: &str = "saga_test_";
+
+pub fn postgres_admin_url() -> String {
+    std::env::var("SAGA_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://saga:saga@127.0.0.1:5432/postgres".into())
+}
+
+pub fn kafka_brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// A database of its own for one test.
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+    pub pool: Pool,
+}
+
+impl TestDatabase {
+    /// An empty database: for services that migrate it themselves on start.
+    pub async fn empty() -> Self {
+        let name = format!("{DATABASE_PREFIX}{}", Uuid::new_v4().simple());
+        let admin = saga::db::connect(&saga::db::parse_url(&postgres_admin_url()).unwrap())
+            .await
+            .expect("PostgreSQL is reachable (scripts/test starts it)");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("the test role may create databases");
+        let mut url = postgres_admin_url();
+        let slash = url.rfind('/').expect("the URL names a database");
+        url.replace_range(slash + 1.., &name);
+        let pool = saga::db::pool(&DatabaseConfig {
+            database_url: url.clone(),
+            database_pool_size: 8,
+        })
+        .unwrap();
+        Self { name, url, pool }
+    }
+
+    /// A database with the saga's tables and the service's (`migrations`, the runner of
+    /// its embedded set, recorded in `history_table`).
+    pub async fn migrated(migrations: fn() -> refinery::Runner, history_table: &str) -> Self {
+        let db = Self::empty().await;
+        saga::db::migrate(&db.url, migrations, history_table)
+            .await
+            .expect("migrations apply to a fresh database");
+        db
+    }
+
+    pub async fn client(&self) -> deadpool_postgres::Client {
+        self.pool.get().await.expect("a pooled connection")
+    }
+
+    /// The single `i64` (a count, usually) that `sql` returns.
+    pub async fn count(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> i64 {
+        self.client()
+            .await
+            .query_one(sql, params)
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+/// A namespace of topics and consumer groups of its own for one test.
+pub struct TestKafka {
+    pub brokers: String,
+    pub namespace: String,
+    pub topics: Topics,
+    producer: FutureProducer,
+}
+
+impl TestKafka {
+    /// Creates every saga topic, dead-letter topics included, under a fresh namespace.
+    pub async fn new() -> Self {
+        let brokers = kafka_brokers();
+        let namespace = format!("t{}.", &Uuid::new_v4().simple().to_string()[..12]);
+        let topics = Topics::new(&namespace);
+        saga::kafka::create_topics(&brokers, &topics.all(), 3)
+            .await
+            .expect("Kafka is reachable (scripts/test starts it)");
+        let producer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .unwrap();
+        Self {
+            brokers,
+            namespace,
+            topics,
+            producer,
+        }
+    }
+
+    /// Produces raw bytes, as a person with `kafka-console-producer` would: no key
+    /// unless one is given.
+    pub async fn produce(&self, topic: &str, key: Option<&str>, value: &[u8]) {
+        self.produce_to(topic, None, key, value).await;
+    }
+
+    pub async fn produce_to(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&str>,
+        value: &[u8],
+    ) {
+        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).payload(value);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        if let Some(partition) = partition {
+            record = record.partition(partition);
+        }
+        self.producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .expect("the broker acknowledges");
+    }
+
+    /// Every record currently in `topic`, read from the beginning by a throwaway
+    /// consumer that commits nothing.
+    pub async fn read_all(&self, topic: &str) -> Vec<OwnedMessage> {
+        let brokers = self.brokers.clone();
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || read_all_blocking(&brokers, &topic))
+            .await
+            .unwrap()
+    }
+
+    /// True once `group` has committed, on every partition of `topic`, the offset of
+    /// the end of that partition: every record produced so far has been handled.
+    pub async fn group_caught_up(&self, group: &str, topic: &str) -> bool {
+        let brokers = self.brokers.clone();
+        let group = group.to_owned();
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || caught_up_blocking(&brokers, &group, &topic))
+            .await
+            .unwrap()
+    }
+}
+
+fn read_all_blocking(brokers: &str, topic: &str) -> Vec<OwnedMessage> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("reader-{}", Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let timeout = Duration::from_secs(10);
+    let metadata = consumer.fetch_metadata(Some(topic), timeout).unwrap();
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let mut assignment = TopicPartitionList::new();
+    let mut remaining = 0;
+    for partition in 0..partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, timeout)
+            .unwrap();
+        if high > low {
+            assignment
+                .add_partition_offset(topic, partition, Offset::Offset(low))
+                .unwrap();
+            remaining += high - low;
+        }
+    }
+    let mut records = Vec::new();
+    if remaining == 0 {
+        return records;
+    }
+    consumer.assign(&assignment).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while remaining > 0 {
+        assert!(Instant::now() < deadline, "timed out reading {topic}");
+        if let Some(message) = consumer.poll(Duration::from_millis(500)) {
+            records.push(message.unwrap().detach());
+            remaining -= 1;
+        }
+    }
+    records
+}
+
+fn caught_up_blocking(brokers: &str, group: &str, topic: &str) -> bool {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let timeout = Duration::from_secs(10);
+    let metadata = consumer.fetch_metadata(Some(topic), timeout).unwrap();
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    let mut wanted = TopicPartitionList::new();
+    for partition in 0..partitions {
+        wanted.add_partition(topic, partition);
+    }
+    let Ok(committed) = consumer.committed_offsets(wanted, timeout) else {
+        return false;
+    };
+    (0..partitions).all(|partition| {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, partition, timeout)
+            .unwrap();
+        let done = match committed
+            .find_partition(topic, partition)
+            .map(|e| e.offset())
+        {
+            Some(Offset::Offset(offset)) => offset,
+            _ => 0,
+        };
+        done >= high
+    })
+}
+
+/// A header's value as text.
+pub fn header(message: &OwnedMessage, key: &str) -> Option<String> {
+    let headers = message.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// Polls `check` until it returns `Some`, or fails the test naming `what` after
+/// `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A JSON envelope as a person would type it for `kafka-console-producer`.
+pub fn envelope(id: &str, event_type: &str, order_id: Uuid, payload: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "id": id,
+        "type": event_type,
+        "aggregate_id": order_id,
+        "payload": payload,
+        "occurred_at": "2026-07-14T09:15:40Z",
+    }))
+    .unwrap()
+}
