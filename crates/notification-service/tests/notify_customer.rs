@@ -1,0 +1,186 @@
+//! NotifyCustomer against a real PostgreSQL: one notification per order, on its outcome.
+
+use notification_service::NotifyCustomer;
+use saga::{Envelope, Handler, Outcome, Topics};
+use saga_testkit::TestDatabase;
+use serde_json::json;
+use uuid::Uuid;
+
+async fn database() -> TestDatabase {
+    TestDatabase::migrated(
+        notification_service::migrations,
+        notification_service::HISTORY_TABLE,
+    )
+    .await
+}
+
+fn outcome_event(id: &str, event_type: &str, order_id: Uuid) -> Envelope {
+    let raw = saga_testkit::envelope(
+        id,
+        event_type,
+        order_id,
+        json!({ "order_id": order_id, "customer_id": "cust-1", "amount_cents": 2598, "reason": "amount exceeds limit" }),
+    );
+    Envelope::from_slice(&raw).unwrap()
+}
+
+async fn notifications(db: &TestDatabase, order_id: Uuid) -> i64 {
+    db.count(
+        "SELECT count(*) FROM notifications WHERE order_id = $1",
+        &[&order_id],
+    )
+    .await
+}
+
+async fn sent_events(db: &TestDatabase, order_id: Uuid) -> i64 {
+    db.count(
+        "SELECT count(*) FROM outbox WHERE key = $1 AND type = 'notification.sent'",
+        &[&order_id.to_string()],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_confirmed_order_notifies_the_customer() {
+    let db = database().await;
+    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let order_id = Uuid::new_v4();
+
+    let outcome = handler
+        .handle(&outcome_event(
+            &format!("{order_id}:outcome"),
+            "order.confirmed",
+            order_id,
+        ))
+        .await
+        .unwrap();
+
+    assert_eq!(outcome, Outcome::Applied);
+    let row = db
+        .client()
+        .await
+        .query_one(
+            "SELECT customer_id, outcome, message FROM notifications WHERE order_id = $1",
+            &[&order_id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>("customer_id"), "cust-1");
+    assert_eq!(row.get::<_, String>("outcome"), "confirmed");
+    assert!(row.get::<_, String>("message").contains("25.98"));
+    let id: String = db
+        .client()
+        .await
+        .query_one(
+            "SELECT event_id FROM outbox WHERE type = 'notification.sent'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(id, format!("{order_id}:outcome:notification"));
+}
+
+#[tokio::test]
+async fn a_cancelled_order_tells_the_customer_why() {
+    let db = database().await;
+    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let order_id = Uuid::new_v4();
+
+    handler
+        .handle(&outcome_event("c", "order.cancelled", order_id))
+        .await
+        .unwrap();
+
+    let message: String = db
+        .client()
+        .await
+        .query_one(
+            "SELECT message FROM notifications WHERE order_id = $1",
+            &[&order_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        message.contains("cancelled (amount exceeds limit)"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn the_same_event_twice_notifies_once() {
+    let db = database().await;
+    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let order_id = Uuid::new_v4();
+    let event = outcome_event("same", "order.confirmed", order_id);
+
+    assert_eq!(handler.handle(&event).await.unwrap(), Outcome::Applied);
+    assert_eq!(handler.handle(&event).await.unwrap(), Outcome::Duplicate);
+
+    assert_eq!(notifications(&db, order_id).await, 1);
+    assert_eq!(sent_events(&db, order_id).await, 1);
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM processed_events WHERE event_id = 'same'",
+            &[]
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_second_outcome_with_a_new_id_does_not_notify_again() {
+    let db = database().await;
+    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let order_id = Uuid::new_v4();
+    handler
+        .handle(&outcome_event("first", "order.confirmed", order_id))
+        .await
+        .unwrap();
+
+    let outcome = handler
+        .handle(&outcome_event("other", "order.cancelled", order_id))
+        .await
+        .unwrap();
+
+    assert_eq!(outcome, Outcome::Guarded);
+    assert_eq!(notifications(&db, order_id).await, 1);
+    assert_eq!(sent_events(&db, order_id).await, 1);
+}
+
+#[tokio::test]
+async fn two_outcomes_for_one_order_applied_concurrently_notify_exactly_once() {
+    let db = database().await;
+    let a = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let b = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    for round in 0..60 {
+        let order_id = Uuid::new_v4();
+        let first = outcome_event(&format!("a-{round}"), "order.confirmed", order_id);
+        let second = outcome_event(&format!("b-{round}"), "order.cancelled", order_id);
+
+        let (x, y) = tokio::join!(a.handle(&first), b.handle(&second));
+        let mut outcomes = [x.unwrap().as_str(), y.unwrap().as_str()];
+        outcomes.sort();
+
+        assert_eq!(outcomes, ["applied", "guarded"], "round {round}");
+        assert_eq!(notifications(&db, order_id).await, 1, "round {round}");
+        assert_eq!(sent_events(&db, order_id).await, 1, "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn order_created_is_not_a_notification() {
+    let db = database().await;
+    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let order_id = Uuid::new_v4();
+
+    let outcome = handler
+        .handle(&outcome_event("x", "order.created", order_id))
+        .await
+        .unwrap();
+
+    assert_eq!(outcome, Outcome::Ignored);
+    assert_eq!(notifications(&db, order_id).await, 0);
+}
