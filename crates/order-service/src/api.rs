@@ -174,6 +174,8 @@ fn parse_json<T: serde::de::DeserializeOwned>(
         {
             Some(field) if path == "." => ApiError::field(field.to_owned(), "is required"),
             Some(field) => ApiError::field(format!("{path}.{field}"), "is required"),
+            // A wrong shape or an unknown key at the top: the body as a whole.
+            None if path == "." => ApiError::field("body", message),
             None => ApiError::field(path, message),
         }
     })

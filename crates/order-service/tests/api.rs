@@ -1,0 +1,191 @@
+//! The order API, served in-process on port 0 against a fresh database and namespace.
+
+use order_service::{Application, Config};
+use saga::config::{DatabaseConfig, HttpConfig, KafkaConfig};
+use saga_testkit::{TestDatabase, TestKafka};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const KEYBOARD: &str = "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21";
+
+struct TestApp {
+    base: String,
+    db: TestDatabase,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn spawn_app() -> TestApp {
+    let (db, kafka) = tokio::join!(TestDatabase::empty(), TestKafka::new());
+    let config = Config {
+        database: DatabaseConfig {
+            database_url: db.url.clone(),
+            database_pool_size: 4,
+        },
+        kafka: KafkaConfig {
+            kafka_brokers: kafka.brokers.clone(),
+            kafka_namespace: kafka.namespace.clone(),
+            outbox_poll_interval_ms: 200,
+        },
+        http: HttpConfig {
+            http_addr: Some("127.0.0.1:0".parse().unwrap()),
+        },
+    };
+    let app = Application::build(config)
+        .await
+        .expect("order-service builds");
+    let base = format!("http://{}", app.local_addr());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(app.run_until_stopped(shutdown.clone()));
+    TestApp {
+        base,
+        db,
+        http: reqwest::Client::new(),
+        shutdown,
+    }
+}
+
+impl TestApp {
+    async fn post_raw(&self, content_type: &str, body: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}/v1/orders", self.base))
+            .header("content-type", content_type)
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    async fn post_order(&self, body: Value) -> (u16, Value) {
+        self.post_raw("application/json", &body.to_string()).await
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    async fn orders(&self) -> i64 {
+        self.db.count("SELECT count(*) FROM orders", &[]).await
+    }
+}
+
+fn order(quantity: i64) -> Value {
+    json!({ "customer_id": "cust-1", "items": [{ "product_id": KEYBOARD, "quantity": quantity }] })
+}
+
+#[tokio::test]
+async fn placing_an_order_prices_it_from_the_catalog_and_records_order_created() {
+    let app = spawn_app().await;
+
+    let (status, body) = app.post_order(order(2)).await;
+
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["status"], "pending");
+    assert_eq!(body["amount_cents"], 2598);
+    assert_eq!(body["items"][0]["unit_price_cents"], 1299);
+    let id = body["id"].as_str().unwrap();
+    let event = app
+        .db
+        .client()
+        .await
+        .query_one(
+            "SELECT type, key, payload FROM outbox WHERE event_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(event.get::<_, String>("type"), "order.created");
+    assert_eq!(event.get::<_, String>("key"), id);
+    assert_eq!(event.get::<_, Value>("payload")["amount_cents"], 2598);
+}
+
+#[tokio::test]
+async fn a_placed_order_can_be_read_back() {
+    let app = spawn_app().await;
+    let (_, placed) = app.post_order(order(1)).await;
+
+    let (status, body) = app
+        .get(&format!("/v1/orders/{}", placed["id"].as_str().unwrap()))
+        .await;
+
+    assert_eq!(status, 200);
+    assert_eq!(body["id"], placed["id"]);
+    assert_eq!(body["customer_id"], "cust-1");
+    assert_eq!(body["items"][0]["quantity"], 1);
+}
+
+/// Each bad body is refused with the status and the field named, and nothing is stored.
+#[tokio::test]
+async fn bad_input_is_refused_with_a_json_error_naming_the_problem() {
+    let app = spawn_app().await;
+    let unknown = "00000000-0000-4000-8000-000000000000";
+    let cases: Vec<(&str, String, u16, &str, Option<&str>)> = vec![
+        ("malformed JSON", r#"{"customer_id": "c","#.into(), 400, "malformed_json", None),
+        ("not an object", "[]".into(), 422, "invalid_field", Some("body")),
+        ("missing customer_id", json!({ "items": [] }).to_string(), 422, "invalid_field", Some("customer_id")),
+        ("missing items", json!({ "customer_id": "c" }).to_string(), 422, "invalid_field", Some("items")),
+        ("empty customer_id", json!({ "customer_id": " ", "items": [] }).to_string(), 422, "invalid_field", Some("customer_id")),
+        ("no items", json!({ "customer_id": "c", "items": [] }).to_string(), 422, "invalid_field", Some("items")),
+        ("quantity 0", order(0).to_string(), 422, "invalid_field", Some("items[0].quantity")),
+        ("negative quantity", order(-3).to_string(), 422, "invalid_field", Some("items[0].quantity")),
+        ("quantity not a number", json!({ "customer_id": "c", "items": [{ "product_id": KEYBOARD, "quantity": "two" }] }).to_string(), 422, "invalid_field", Some("items[0].quantity")),
+        ("missing quantity", json!({ "customer_id": "c", "items": [{ "product_id": KEYBOARD }] }).to_string(), 422, "invalid_field", Some("items[0].quantity")),
+        ("product id not a UUID", json!({ "customer_id": "c", "items": [{ "product_id": "kb-1", "quantity": 1 }] }).to_string(), 422, "invalid_field", Some("items[0].product_id")),
+        ("unknown product", json!({ "customer_id": "c", "items": [{ "product_id": KEYBOARD, "quantity": 1 }, { "product_id": unknown, "quantity": 1 }] }).to_string(), 422, "invalid_field", Some("items[1].product_id")),
+        ("unknown field", json!({ "customer_id": "c", "items": [], "coupon": "X" }).to_string(), 422, "invalid_field", Some("coupon")),
+    ];
+    for (case, body, want_status, want_code, want_field) in cases {
+        let (status, error) = app.post_raw("application/json", &body).await;
+        assert_eq!(status, want_status, "{case}: {error}");
+        assert_eq!(error["error"]["code"], want_code, "{case}: {error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{case}: {error}"
+        );
+        if let Some(field) = want_field {
+            assert_eq!(error["error"]["field"], field, "{case}: {error}");
+        }
+    }
+    assert_eq!(app.orders().await, 0, "a refused order was stored");
+}
+
+#[tokio::test]
+async fn a_body_not_declared_as_json_is_415() {
+    let app = spawn_app().await;
+
+    let (status, error) = app.post_raw("text/plain", &order(1).to_string()).await;
+
+    assert_eq!(status, 415);
+    assert_eq!(error["error"]["code"], "unsupported_media_type");
+}
+
+#[tokio::test]
+async fn an_unknown_order_is_404_and_a_malformed_id_names_the_id() {
+    let app = spawn_app().await;
+
+    let (status, error) = app
+        .get("/v1/orders/00000000-0000-4000-8000-000000000000")
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(error["error"]["code"], "order_not_found");
+
+    let (status, error) = app.get("/v1/orders/not-a-uuid").await;
+    assert_eq!(status, 422);
+    assert_eq!(error["error"]["field"], "id");
+}
