@@ -159,3 +159,33 @@ kafka_java_cmd() {
     -cp "$classpath"
   )
 }
+
+# The three services: binary name, database, HTTP port. The same names, ports
+# and environment variables as docker-compose.yml.
+SERVICES=(order-service payment-service notification-service)
+
+service_database() {
+  case "$1" in
+    order-service) echo orders ;;
+    payment-service) echo payments ;;
+    notification-service) echo notifications ;;
+    *) die "no service $1" ;;
+  esac
+}
+
+service_port() {
+  case "$1" in
+    order-service) echo 8080 ;;
+    payment-service) echo 8081 ;;
+    notification-service) echo 8082 ;;
+    *) die "no service $1" ;;
+  esac
+}
+
+pg_url() {
+  printf 'postgres://%s:%s@%s:%s/%s' "$PG_USER" "$PG_PASSWORD" "$PG_HOST" "$PG_PORT" "$1"
+}
+
+service_healthy() {
+  curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$(service_port "$1")/health"
+}
