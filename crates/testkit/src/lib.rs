@@ -170,6 +170,42 @@ impl TestKafka {
     }
 }
 
+impl TestKafka {
+    /// The offset `group` has committed on one partition of `topic` (0 when none).
+    pub async fn committed_offset(&self, group: &str, topic: &str, partition: i32) -> i64 {
+        let brokers = self.brokers.clone();
+        let group = group.to_owned();
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let consumer = group_reader(&brokers, &group);
+            let mut wanted = TopicPartitionList::new();
+            wanted.add_partition(&topic, partition);
+            let committed = consumer
+                .committed_offsets(wanted, Duration::from_secs(10))
+                .expect("the group coordinator answers");
+            match committed
+                .find_partition(&topic, partition)
+                .map(|e| e.offset())
+            {
+                Some(Offset::Offset(offset)) => offset,
+                _ => 0,
+            }
+        })
+        .await
+        .unwrap()
+    }
+}
+
+/// A consumer that only reads `group`'s committed offsets: it never joins the group.
+fn group_reader(brokers: &str, group: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap()
+}
+
 fn read_all_blocking(brokers: &str, topic: &str) -> Vec<OwnedMessage> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -210,12 +246,7 @@ fn read_all_blocking(brokers: &str, topic: &str) -> Vec<OwnedMessage> {
 }
 
 fn caught_up_blocking(brokers: &str, group: &str, topic: &str) -> bool {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
+    let consumer = group_reader(brokers, group);
     let timeout = Duration::from_secs(10);
     let metadata = consumer.fetch_metadata(Some(topic), timeout).unwrap();
     let partitions = metadata.topics()[0].partitions().len() as i32;

@@ -1,0 +1,451 @@
+//! The consumer loop against the real broker, with handlers that record what they see
+//! and misbehave on cue.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rdkafka::message::Message;
+use saga::consumer::{self, ConsumerSettings};
+use saga::{Envelope, Handler, HandlerError, Outcome};
+use saga_testkit::{TestDatabase, TestKafka, eventually, header};
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(60);
+const SERVICE: &str = "payment-service";
+
+type Behaviour =
+    dyn Fn(Envelope, u32) -> BoxFuture<'static, Result<Outcome, HandlerError>> + Send + Sync;
+
+/// Records every event it applies, in order, after `behaviour` lets it through.
+struct Recorder {
+    applied: Mutex<Vec<String>>,
+    attempts: Mutex<BTreeMap<String, u32>>,
+    behaviour: Box<Behaviour>,
+}
+
+impl Recorder {
+    fn new(
+        behaviour: impl Fn(Envelope, u32) -> BoxFuture<'static, Result<Outcome, HandlerError>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            applied: Mutex::default(),
+            attempts: Mutex::default(),
+            behaviour: Box::new(behaviour),
+        })
+    }
+
+    fn obedient() -> Arc<Self> {
+        Self::new(|_, _| Box::pin(async { Ok(Outcome::Applied) }))
+    }
+
+    fn applied(&self) -> Vec<String> {
+        self.applied.lock().unwrap().clone()
+    }
+
+    fn attempts(&self, id: &str) -> u32 {
+        self.attempts.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+}
+
+impl Handler for Recorder {
+    async fn handle(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
+        let attempt = {
+            let mut attempts = self.attempts.lock().unwrap();
+            let n = attempts.entry(event.id.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        let outcome = (self.behaviour)(event.clone(), attempt).await?;
+        self.applied.lock().unwrap().push(event.id.clone());
+        Ok(outcome)
+    }
+}
+
+fn event(id: &str) -> Vec<u8> {
+    saga_testkit::envelope(id, "order.created", Uuid::nil(), json!({}))
+}
+
+fn transient() -> HandlerError {
+    HandlerError::Pool(deadpool_postgres::PoolError::Timeout(
+        deadpool_postgres::TimeoutType::Wait,
+    ))
+}
+
+struct Run {
+    kafka: TestKafka,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start(kafka: TestKafka, handler: Arc<Recorder>) -> Run {
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(consumer::run(settings(&kafka), handler, shutdown.clone()));
+    Run {
+        kafka,
+        shutdown,
+        task,
+    }
+}
+
+fn settings(kafka: &TestKafka) -> ConsumerSettings {
+    let topics = &kafka.topics;
+    ConsumerSettings::new(
+        &kafka.brokers,
+        topics.group(SERVICE),
+        topics.orders.clone(),
+        topics.dead_letter(&topics.orders, SERVICE),
+    )
+}
+
+impl Run {
+    async fn produce(&self, partition: i32, id: &str) {
+        self.kafka
+            .produce_to(&self.kafka.topics.orders, Some(partition), None, &event(id))
+            .await;
+    }
+
+    async fn caught_up(&self) {
+        let group = self.kafka.topics.group(SERVICE);
+        eventually(WAIT, "the group to commit everything", || async {
+            self.kafka
+                .group_caught_up(&group, &self.kafka.topics.orders)
+                .await
+                .then_some(())
+        })
+        .await;
+    }
+
+    async fn committed(&self, partition: i32) -> i64 {
+        self.kafka
+            .committed_offset(
+                &self.kafka.topics.group(SERVICE),
+                &self.kafka.topics.orders,
+                partition,
+            )
+            .await
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn each_partition_is_applied_in_order_and_partitions_in_parallel() {
+    // The first record of partition 0 is held until partition 1 has been applied: with
+    // partitions handled one after another this would never finish.
+    let partition_one_done = Arc::new(Semaphore::new(0));
+    let gate = partition_one_done.clone();
+    let handler = Recorder::new(move |event, _| {
+        let gate = gate.clone();
+        Box::pin(async move {
+            if event.id == "p0-0" {
+                let _permit = gate.acquire().await.unwrap();
+            }
+            if event.id.starts_with("p1-") {
+                gate.add_permits(1);
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    for seq in 0..30 {
+        for partition in 0..3 {
+            run.produce(partition, &format!("p{partition}-{seq}")).await;
+        }
+    }
+
+    run.caught_up().await;
+
+    let applied = handler.applied();
+    for partition in 0..3 {
+        let prefix = format!("p{partition}-");
+        let seen: Vec<String> = applied
+            .iter()
+            .filter(|id| id.starts_with(&prefix))
+            .cloned()
+            .collect();
+        let expected: Vec<String> = (0..30).map(|seq| format!("{prefix}{seq}")).collect();
+        assert_eq!(
+            seen, expected,
+            "partition {partition} out of order or incomplete"
+        );
+    }
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn an_offset_is_committed_only_after_its_handler_finished() {
+    let release = Arc::new(Semaphore::new(0));
+    let gate = release.clone();
+    let handler = Recorder::new(move |event, _| {
+        let gate = gate.clone();
+        Box::pin(async move {
+            if event.id == "slow" {
+                let _permit = gate.acquire().await.unwrap();
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(0, "slow").await;
+    run.produce(1, "fast").await;
+
+    // Partition 1's commit proves commits are flowing; partition 0's record is still in
+    // its handler, so its offset must not have been committed with it.
+    eventually(WAIT, "partition 1 to be committed", || async {
+        (run.committed(1).await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        run.committed(0).await,
+        0,
+        "offset committed before the handler finished"
+    );
+    assert_eq!(handler.applied(), ["fast"]);
+
+    release.add_permits(1);
+    eventually(WAIT, "partition 0 to be committed", || async {
+        (run.committed(0).await == 1).then_some(())
+    })
+    .await;
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_transient_failure_is_retried_until_it_works_and_nothing_behind_it_is_skipped() {
+    let handler = Recorder::new(|event, attempt| {
+        Box::pin(async move {
+            if event.id == "flaky" && attempt <= 3 {
+                return Err(transient());
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(0, "flaky").await;
+    run.produce(0, "after").await;
+
+    run.caught_up().await;
+
+    assert_eq!(handler.applied(), ["flaky", "after"]);
+    assert_eq!(handler.attempts("flaky"), 4);
+    let dlq = run
+        .kafka
+        .topics
+        .dead_letter(&run.kafka.topics.orders, SERVICE);
+    assert!(
+        run.kafka.read_all(&dlq).await.is_empty(),
+        "a transient failure was dead-lettered"
+    );
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_rejected_event_is_dead_lettered_at_once_and_the_partition_moves_on() {
+    let handler = Recorder::new(|event, _| {
+        Box::pin(async move {
+            if event.id == "poison" {
+                return Err(HandlerError::rejected("order 42 does not exist"));
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(2, "poison").await;
+    run.produce(2, "after").await;
+
+    run.caught_up().await;
+
+    assert_eq!(handler.applied(), ["after"]);
+    assert_eq!(handler.attempts("poison"), 1);
+    let topics = &run.kafka.topics;
+    let dead = run
+        .kafka
+        .read_all(&topics.dead_letter(&topics.orders, SERVICE))
+        .await;
+    assert_eq!(dead.len(), 1);
+    let record = &dead[0];
+    assert_eq!(
+        record.payload().unwrap(),
+        event("poison").as_slice(),
+        "the original bytes"
+    );
+    assert_eq!(
+        header(record, "dlq.reason").as_deref(),
+        Some("order 42 does not exist")
+    );
+    assert_eq!(
+        header(record, "dlq.original.topic").as_deref(),
+        Some(topics.orders.as_str())
+    );
+    assert_eq!(
+        header(record, "dlq.original.partition").as_deref(),
+        Some("2")
+    );
+    assert_eq!(header(record, "dlq.original.offset").as_deref(), Some("0"));
+    assert_eq!(header(record, "dlq.attempts").as_deref(), Some("1"));
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn an_unexpected_database_error_is_retried_a_few_times_then_dead_lettered() {
+    let db = TestDatabase::empty().await;
+    let pool = db.pool.clone();
+    let handler = Recorder::new(move |event, _| {
+        let pool = pool.clone();
+        Box::pin(async move {
+            if event.id == "divides-by-zero" {
+                // A real error the code did not foresee: SQLSTATE 22012.
+                pool.get().await?.query("SELECT 1 / 0", &[]).await?;
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(1, "divides-by-zero").await;
+    run.produce(1, "after").await;
+
+    run.caught_up().await;
+
+    assert_eq!(handler.attempts("divides-by-zero"), 5);
+    assert_eq!(handler.applied(), ["after"]);
+    let topics = &run.kafka.topics;
+    let dead = run
+        .kafka
+        .read_all(&topics.dead_letter(&topics.orders, SERVICE))
+        .await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(header(&dead[0], "dlq.attempts").as_deref(), Some("5"));
+    assert!(
+        header(&dead[0], "dlq.reason")
+            .unwrap()
+            .contains("division by zero")
+    );
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn stopping_finishes_the_record_in_hand_commits_it_and_starts_no_other() {
+    let entered = Arc::new(Semaphore::new(0));
+    let release = Arc::new(Semaphore::new(0));
+    let (entered_tx, release_rx) = (entered.clone(), release.clone());
+    let handler = Recorder::new(move |event, _| {
+        let (entered, release) = (entered_tx.clone(), release_rx.clone());
+        Box::pin(async move {
+            if event.id == "in-hand" {
+                entered.add_permits(1);
+                let _permit = release.acquire().await.unwrap();
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(0, "in-hand").await;
+    run.produce(0, "behind").await;
+    let _in_handler = entered.acquire().await.unwrap();
+
+    run.shutdown.cancel();
+    release.add_permits(1);
+    let Run { kafka, task, .. } = run;
+    task.await.unwrap().unwrap();
+
+    assert_eq!(handler.applied(), ["in-hand"]);
+    let group = kafka.topics.group(SERVICE);
+    assert_eq!(
+        kafka
+            .committed_offset(&group, &kafka.topics.orders, 0)
+            .await,
+        1
+    );
+}
+
+/// Consumers join and leave while records flow: every record is applied at least once
+/// and the group ends with everything committed.
+#[tokio::test]
+async fn a_rebalance_loses_nothing() {
+    let first = Recorder::obedient();
+    let second = Recorder::obedient();
+    let run_a = start(TestKafka::new().await, first.clone()).await;
+    let produced = Mutex::new(Vec::<String>::new());
+    for _ in 0..50 {
+        produce_next(&run_a.kafka, &produced).await;
+    }
+
+    // A second member joins: the group rebalances while records keep coming.
+    let shutdown_b = CancellationToken::new();
+    let task_b = tokio::spawn(consumer::run(
+        settings(&run_a.kafka),
+        second.clone(),
+        shutdown_b.clone(),
+    ));
+    eventually(
+        WAIT,
+        "the second consumer to be given partitions",
+        || async {
+            produce_next(&run_a.kafka, &produced).await;
+            (!second.applied().is_empty()).then_some(())
+        },
+    )
+    .await;
+    for _ in 0..50 {
+        produce_next(&run_a.kafka, &produced).await;
+    }
+
+    // The first leaves mid-stream: its partitions move to the second, records keep coming.
+    let Run {
+        kafka,
+        shutdown,
+        task,
+    } = run_a;
+    shutdown.cancel();
+    for _ in 0..50 {
+        produce_next(&kafka, &produced).await;
+    }
+    task.await.unwrap().unwrap();
+    let group = kafka.topics.group(SERVICE);
+    eventually(WAIT, "the group to commit everything", || async {
+        kafka
+            .group_caught_up(&group, &kafka.topics.orders)
+            .await
+            .then_some(())
+    })
+    .await;
+    shutdown_b.cancel();
+    task_b.await.unwrap().unwrap();
+
+    let applied: HashSet<String> = first
+        .applied()
+        .into_iter()
+        .chain(second.applied())
+        .collect();
+    let produced = produced.into_inner().unwrap();
+    let missing: Vec<&String> = produced
+        .iter()
+        .filter(|id| !applied.contains(*id))
+        .collect();
+    assert!(missing.is_empty(), "never applied: {missing:?}");
+    assert!(!first.applied().is_empty() && !second.applied().is_empty());
+}
+
+/// Produces the next numbered record, round robin over the three partitions.
+async fn produce_next(kafka: &TestKafka, produced: &Mutex<Vec<String>>) {
+    let (id, partition) = {
+        let mut produced = produced.lock().unwrap();
+        let n = produced.len();
+        produced.push(format!("r-{n}"));
+        (format!("r-{n}"), (n % 3) as i32)
+    };
+    kafka
+        .produce_to(&kafka.topics.orders, Some(partition), None, &event(&id))
+        .await;
+}
