@@ -95,6 +95,32 @@ impl Stack {
         .await;
     }
 
+    /// Sends SIGTERM to `service` and waits for it to exit; returns whether it exited
+    /// successfully.
+    pub async fn terminate_service(&mut self, service: &'static str) -> bool {
+        let mut child = self.processes.remove(service).expect("the service runs");
+        let pid = child
+            .id()
+            .expect("the process has not been reaped")
+            .to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .unwrap();
+        assert!(sent.success(), "kill -TERM {pid}");
+        let status = tokio::time::timeout(SETTLE, child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{service} did not stop within {SETTLE:?} of SIGTERM"))
+            .unwrap();
+        status.success()
+    }
+
+    /// What `service` has logged so far.
+    pub fn log(&self, service: &str) -> String {
+        std::fs::read_to_string(log_path(&self.kafka.namespace, service)).unwrap_or_default()
+    }
+
     pub fn api_url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.ports[ORDER_SERVICE])
     }
@@ -213,14 +239,25 @@ fn binary(service: &str) -> PathBuf {
 }
 
 /// Each service's log goes to `target/e2e-logs/<namespace><service>.log`, kept for
-/// reading after a failure.
+/// reading after a failure. A restarted service appends to its log.
 fn log_file(namespace: &str, service: &str) -> std::fs::File {
-    let dir = binary(service)
+    let path = log_path(namespace, service);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap()
+}
+
+fn log_path(namespace: &str, service: &str) -> PathBuf {
+    let target = binary(service)
         .parent()
         .unwrap()
         .parent()
         .unwrap()
-        .join("e2e-logs");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::File::create(dir.join(format!("{namespace}{service}.log"))).unwrap()
+        .to_owned();
+    target
+        .join("e2e-logs")
+        .join(format!("{namespace}{service}.log"))
 }

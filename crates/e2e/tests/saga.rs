@@ -198,3 +198,74 @@ async fn poison_records_are_dead_lettered_with_their_reason_and_the_partitions_m
         assert!(header(message, "dlq.original.offset").is_some());
     }
 }
+
+#[tokio::test]
+async fn a_database_outage_is_waited_out_and_the_event_applied_afterwards() {
+    let mut stack = Stack::start().await;
+    // Hold the saga before the payment so the result arrives while the database is down.
+    assert!(stack.terminate_service(PAYMENT_SERVICE).await);
+    let order_id = stack.place_order(2).await;
+    stack.orders_db.refuse_connections().await;
+
+    stack.start_service(PAYMENT_SERVICE).await;
+    let payments = &stack.payments_db;
+    saga_testkit::eventually(
+        saga_e2e::SETTLE,
+        "the payment result to be published",
+        || async {
+            let published = payments
+                .count(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+                    &[],
+                )
+                .await;
+            (published == 1).then_some(())
+        },
+    )
+    .await;
+    saga_testkit::eventually(
+        saga_e2e::SETTLE,
+        "order-service to hit the outage",
+        || async {
+            stack
+                .log(ORDER_SERVICE)
+                .contains("handler failed; retrying")
+                .then_some(())
+        },
+    )
+    .await;
+    stack.orders_db.accept_connections().await;
+
+    assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
+    assert_eq!(stack.notified(order_id).await, 1);
+    let topics = &stack.kafka.topics;
+    let dead = stack
+        .kafka
+        .read_all(&topics.dead_letter(&topics.payments, ORDER_SERVICE))
+        .await;
+    assert!(dead.is_empty(), "a transient failure was dead-lettered");
+}
+
+#[tokio::test]
+async fn sigterm_stops_a_service_cleanly_with_its_offsets_committed() {
+    let mut stack = Stack::start().await;
+    let order_id = stack.place_order(2).await;
+    assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
+
+    assert!(
+        stack.terminate_service(ORDER_SERVICE).await,
+        "exit status after SIGTERM"
+    );
+
+    let topics = &stack.kafka.topics;
+    assert!(
+        stack
+            .kafka
+            .group_caught_up(&topics.group(ORDER_SERVICE), &topics.payments)
+            .await,
+        "order-service stopped with uncommitted offsets"
+    );
+    let log = stack.log(ORDER_SERVICE);
+    assert!(log.contains("SIGTERM received"), "{log}");
+    assert!(log.contains("consumer stopped"), "{log}");
+}

@@ -45,10 +45,8 @@ impl TestDatabase {
     /// An empty database: for services that migrate it themselves on start.
     pub async fn empty() -> Self {
         let name = format!("{DATABASE_PREFIX}{}", Uuid::new_v4().simple());
-        let admin = saga::db::connect(&saga::db::parse_url(&postgres_admin_url()).unwrap())
+        admin()
             .await
-            .expect("PostgreSQL is reachable (scripts/test starts it)");
-        admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .expect("the test role may create databases");
@@ -77,6 +75,37 @@ impl TestDatabase {
         self.pool.get().await.expect("a pooled connection")
     }
 
+    /// Makes the database unreachable for everyone, as if its server were down: new
+    /// connections are refused and open ones are cut.
+    pub async fn refuse_connections(&self) {
+        let admin = admin().await;
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE {} ALLOW_CONNECTIONS false",
+                self.name
+            ))
+            .await
+            .unwrap();
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+                &[&self.name],
+            )
+            .await
+            .unwrap();
+    }
+
+    pub async fn accept_connections(&self) {
+        admin()
+            .await
+            .batch_execute(&format!(
+                "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+                self.name
+            ))
+            .await
+            .unwrap();
+    }
+
     /// The single `i64` (a count, usually) that `sql` returns.
     pub async fn count(
         &self,
@@ -90,6 +119,12 @@ impl TestDatabase {
             .unwrap()
             .get(0)
     }
+}
+
+async fn admin() -> tokio_postgres::Client {
+    saga::db::connect(&saga::db::parse_url(&postgres_admin_url()).unwrap())
+        .await
+        .expect("PostgreSQL is reachable (scripts/test starts it)")
 }
 
 /// A namespace of topics and consumer groups of its own for one test.
