@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::Parser;
-use saga::config::{DatabaseConfig, HttpConfig, KafkaConfig};
+use saga::config::{DatabaseConfig, KafkaConfig};
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
@@ -42,8 +42,9 @@ pub struct Config {
     pub database: DatabaseConfig,
     #[command(flatten)]
     pub kafka: KafkaConfig,
-    #[command(flatten)]
-    pub http: HttpConfig,
+    /// Where the order API and `/health` listen; port 0 picks a free port.
+    #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
 }
 
 pub struct Application {
@@ -52,15 +53,11 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let addr = config
-            .http
-            .http_addr
-            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080)));
         let service = Service::start(
             SERVICE,
             &config.database,
             &config.kafka,
-            addr,
+            config.http_addr,
             migrations,
             HISTORY_TABLE,
         )

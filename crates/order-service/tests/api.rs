@@ -1,7 +1,7 @@
 //! The order API, served in-process on port 0 against a fresh database and namespace.
 
 use order_service::{Application, Config};
-use saga::config::{DatabaseConfig, HttpConfig, KafkaConfig};
+use saga::config::{DatabaseConfig, KafkaConfig};
 use saga_testkit::{TestDatabase, TestKafka};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -33,9 +33,7 @@ async fn spawn_app() -> TestApp {
             kafka_namespace: kafka.namespace.clone(),
             outbox_poll_interval_ms: 200,
         },
-        http: HttpConfig {
-            http_addr: Some("127.0.0.1:0".parse().unwrap()),
-        },
+        http_addr: "127.0.0.1:0".parse().unwrap(),
     };
     let app = Application::build(config)
         .await

@@ -43,11 +43,3 @@ impl KafkaConfig {
         Duration::from_millis(self.outbox_poll_interval_ms)
     }
 }
-
-#[derive(Debug, Clone, Args)]
-pub struct HttpConfig {
-    /// Address the HTTP server listens on (API where there is one, `/health` always).
-    /// Port 0 picks a free port.
-    #[arg(long, env = "HTTP_ADDR")]
-    pub http_addr: Option<std::net::SocketAddr>,
-}
