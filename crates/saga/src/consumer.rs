@@ -249,7 +249,6 @@ impl<H: Handler> PartitionWorker<H> {
             let error = match self.handler.handle(&envelope).await {
                 Ok(outcome) => {
                     tracing::info!(
-                        event_id = %envelope.id,
                         event_type = %envelope.event_type,
                         outcome = outcome.as_str(),
                         "event handled"
@@ -271,7 +270,7 @@ impl<H: Handler> PartitionWorker<H> {
                     .await;
             }
             let delay = backoff::next_delay(&mut delays);
-            tracing::warn!(event_id = %envelope.id, attempt, %error, retry_in = ?delay, "handler failed; retrying");
+            tracing::warn!(attempt, %error, retry_in = ?delay, "handler failed; retrying");
             if !self.pause(delay).await {
                 return Done::Abandoned;
             }

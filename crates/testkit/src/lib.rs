@@ -71,6 +71,11 @@ impl TestDatabase {
         db
     }
 
+    /// A database with only the saga's own tables (`processed_events`, `outbox`).
+    pub async fn saga_tables_only() -> Self {
+        Self::migrated(|| refinery::Runner::new(&[]), "no_service_schema_history").await
+    }
+
     pub async fn client(&self) -> deadpool_postgres::Client {
         self.pool.get().await.expect("a pooled connection")
     }

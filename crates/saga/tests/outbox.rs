@@ -1,0 +1,195 @@
+//! The outbox and its relay against the real database and broker.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::message::Message;
+use saga::outbox::{self, NewEvent};
+use saga::{Envelope, OutboxRelay};
+use saga_testkit::{TestDatabase, TestKafka, eventually, header};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn enqueue(db: &TestDatabase, topic: &str, key: &str, event_id: &str) {
+    let mut client = db.client().await;
+    let tx = client.transaction().await.unwrap();
+    outbox::enqueue(
+        &tx,
+        &NewEvent {
+            event_id,
+            topic,
+            key,
+            event_type: "order.created",
+            payload: &json!({ "n": event_id }),
+        },
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+fn relay(db: &TestDatabase, kafka: &TestKafka) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let relay = OutboxRelay::new(&db.url, &kafka.brokers, Duration::from_millis(100)).unwrap();
+    let shutdown = CancellationToken::new();
+    (shutdown.clone(), tokio::spawn(relay.run(shutdown)))
+}
+
+async fn all_published(db: &TestDatabase, rows: i64) {
+    eventually(
+        WAIT,
+        &format!("{rows} rows to be marked published"),
+        || async {
+            let published = db
+                .count(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+                    &[],
+                )
+                .await;
+            (published == rows).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn committed_rows_are_published_in_order_keyed_by_order_then_marked_published() {
+    let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
+    let topic = &kafka.topics.orders;
+    for n in 0..30 {
+        enqueue(
+            &db,
+            topic,
+            &format!("order-{}", n % 3),
+            &format!("event-{n:02}"),
+        )
+        .await;
+    }
+    let (stop, task) = relay(&db, &kafka);
+
+    all_published(&db, 30).await;
+
+    let records = kafka.read_all(topic).await;
+    assert_eq!(records.len(), 30);
+    let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for record in &records {
+        let key = String::from_utf8(record.key().unwrap().to_vec()).unwrap();
+        let envelope = Envelope::from_slice(record.payload().unwrap()).unwrap();
+        assert_eq!(envelope.aggregate_id, key);
+        assert_eq!(header(record, "event_id").unwrap(), envelope.id);
+        assert_eq!(
+            header(record, "event_type").as_deref(),
+            Some("order.created")
+        );
+        by_key.entry(key).or_default().push(envelope.id);
+    }
+    for (key, ids) in by_key {
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, sorted, "{key}'s events out of order");
+        assert_eq!(ids.len(), 10);
+    }
+    stop.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_rolled_back_transaction_publishes_nothing() {
+    let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
+    let topic = &kafka.topics.orders;
+    {
+        let mut client = db.client().await;
+        let tx = client.transaction().await.unwrap();
+        let event = NewEvent {
+            event_id: "never",
+            topic,
+            key: "k",
+            event_type: "order.created",
+            payload: &json!({}),
+        };
+        outbox::enqueue(&tx, &event).await.unwrap();
+        tx.rollback().await.unwrap();
+    }
+    enqueue(&db, topic, "k", "committed").await;
+    let (stop, task) = relay(&db, &kafka);
+
+    all_published(&db, 1).await;
+
+    let ids: Vec<String> = kafka
+        .read_all(topic)
+        .await
+        .iter()
+        .map(|r| header(r, "event_id").unwrap())
+        .collect();
+    assert_eq!(ids, ["committed"]);
+    stop.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_second_event_with_the_same_id_is_refused_by_the_database() {
+    let db = TestDatabase::saga_tables_only().await;
+    enqueue(&db, "orders", "k", "o-1:outcome").await;
+
+    let mut client = db.client().await;
+    let tx = client.transaction().await.unwrap();
+    let again = NewEvent {
+        event_id: "o-1:outcome",
+        topic: "orders",
+        key: "k",
+        event_type: "order.cancelled",
+        payload: &json!({}),
+    };
+    let error = outbox::enqueue(&tx, &again).await.unwrap_err();
+
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+    );
+}
+
+/// A standby relay publishes nothing while the active one holds the lock, and takes over
+/// when it stops: every row reaches the topic exactly once.
+#[tokio::test]
+async fn one_relay_publishes_at_a_time_and_a_standby_takes_over() {
+    let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
+    let topic = &kafka.topics.orders;
+    let (stop_active, active) = relay(&db, &kafka);
+    enqueue(&db, topic, "k", "first").await;
+    all_published(&db, 1).await;
+
+    let (stop_standby, standby) = relay(&db, &kafka);
+    for n in 0..100 {
+        enqueue(
+            &db,
+            topic,
+            &format!("k{}", n % 7),
+            &format!("while-both-{n}"),
+        )
+        .await;
+    }
+    all_published(&db, 101).await;
+    stop_active.cancel();
+    active.await.unwrap();
+    for n in 0..100 {
+        enqueue(&db, topic, &format!("k{}", n % 7), &format!("after-{n}")).await;
+    }
+    all_published(&db, 201).await;
+
+    let records = kafka.read_all(topic).await;
+    let mut ids: Vec<String> = records
+        .iter()
+        .map(|r| header(r, "event_id").unwrap())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        records.len(),
+        201,
+        "some rows were published more than once"
+    );
+    assert_eq!(ids.len(), 201);
+    stop_standby.cancel();
+    standby.await.unwrap();
+}
