@@ -126,6 +126,7 @@ pub async fn notify_customer(
         },
     )
     .await?;
+    saga::failpoint::crash_point(saga::failpoint::HANDLER_BEFORE_COMMIT);
     tx.commit().await?;
     Ok(Outcome::Applied)
 }

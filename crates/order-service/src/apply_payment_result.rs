@@ -123,6 +123,7 @@ pub async fn apply_payment_result(
         },
     )
     .await?;
+    saga::failpoint::crash_point(saga::failpoint::HANDLER_BEFORE_COMMIT);
     tx.commit().await?;
     Ok(Outcome::Applied)
 }

@@ -137,6 +137,7 @@ pub async fn charge_order(
         },
     )
     .await?;
+    saga::failpoint::crash_point(saga::failpoint::HANDLER_BEFORE_COMMIT);
     tx.commit().await?;
     Ok(Outcome::Applied)
 }

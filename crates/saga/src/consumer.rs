@@ -38,6 +38,7 @@ use tracing::Instrument;
 
 use crate::backoff;
 use crate::envelope::Envelope;
+use crate::failpoint;
 use crate::handler::{Handler, Retry};
 
 /// Records buffered per partition ahead of its worker. Small: the broker is the buffer.
@@ -224,7 +225,11 @@ impl<H: Handler> PartitionWorker<H> {
                 event_id = tracing::field::Empty,
             );
             match self.process(&message).instrument(span).await {
-                Done::Finished => self.store_offset(&message),
+                Done::Finished => {
+                    // A crash here redelivers a record whose effects are committed.
+                    failpoint::crash_point(failpoint::CONSUMER_AFTER_HANDLER);
+                    self.store_offset(&message)
+                }
                 Done::Abandoned => return,
             }
         }

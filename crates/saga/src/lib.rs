@@ -9,6 +9,8 @@
 //!   backoff, dead letters, graceful stop.
 //! - [`outbox`]: [`outbox::enqueue`] inside the handler's transaction, and the
 //!   [`OutboxRelay`] that publishes committed rows.
+//! - [`failpoint`]: where the fault suite makes a service die on purpose; off unless
+//!   `FAILPOINTS` arms them.
 //! - [`db`], [`kafka`], [`config`], [`telemetry`], [`shutdown`], [`http`], [`service`]:
 //!   plumbing shared by the three services.
 //!
@@ -22,6 +24,7 @@ pub mod consumer;
 pub mod db;
 pub mod envelope;
 pub mod events;
+pub mod failpoint;
 pub mod handler;
 pub mod http;
 pub mod kafka;

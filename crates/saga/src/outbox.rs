@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
 use crate::envelope::Envelope;
+use crate::failpoint;
 
 /// An event to publish once the surrounding transaction commits.
 #[derive(Debug)]
@@ -224,6 +225,8 @@ impl OutboxRelay {
                 Err(_) => failure = Some(anyhow::anyhow!("outbox row {id}: producer dropped")),
             }
         }
+        // A crash here publishes the acknowledged rows once more after the restart.
+        failpoint::crash_point(failpoint::RELAY_AFTER_ACK);
         client
             .execute(
                 "UPDATE outbox SET published_at = now() WHERE id = ANY($1)",

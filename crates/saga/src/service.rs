@@ -38,8 +38,9 @@ pub struct Subscription<H> {
 }
 
 impl Service {
-    /// Binds the HTTP listener and migrates the database, waiting (with backoff) for a
-    /// database that is not up yet rather than crash-looping.
+    /// Arms the failpoints `FAILPOINTS` names (none, normally), binds the HTTP listener
+    /// and migrates the database, waiting (with backoff) for a database that is not up
+    /// yet rather than crash-looping.
     pub async fn start(
         name: &'static str,
         database: &DatabaseConfig,
@@ -48,6 +49,7 @@ impl Service {
         migrations: fn() -> refinery::Runner,
         history_table: &str,
     ) -> anyhow::Result<Self> {
+        crate::failpoint::arm_from_env()?;
         let listener = TcpListener::bind(http_addr)
             .await
             .with_context(|| format!("cannot listen on {http_addr}"))?;

@@ -1,0 +1,97 @@
+//! Failpoints: the exact places where the fault suite (`crates/e2e/tests/faults.rs`) makes
+//! a service die, to prove that a crash there loses nothing and applies nothing twice.
+//!
+//! - [`CONSUMER_AFTER_HANDLER`]: the handler's transaction committed, the offset is not
+//!   stored yet. The record is redelivered; the inbox absorbs it.
+//! - [`RELAY_AFTER_ACK`]: the broker acknowledged a batch, the rows are not marked
+//!   published yet. The batch is published again; the consumers' inboxes absorb it.
+//! - [`HANDLER_BEFORE_COMMIT`]: inside a handler's transaction, after the state change and
+//!   the outbox row, before `COMMIT`. The transaction dies with the process: nothing of it
+//!   is applied, and the redelivered record applies it whole.
+//!
+//! They are off unless the `FAILPOINTS` environment variable arms them when the service
+//! starts, in the syntax of the `fail` crate: `name=actions;name=actions`. The action
+//! that matters is `return`, which **aborts the process** (SIGABRT: no destructors, no
+//! flush, no offset commit, as abrupt as SIGKILL). A `panic` would not do: in a tokio task
+//! it ends the task, not the process. A count picks the hit:
+//! `FAILPOINTS='consumer.after-handler=40*off->return'` lets 40 hits pass and aborts the
+//! process at the 41st.
+//!
+//! An unarmed failpoint costs a read lock and a hash lookup, next to the database round
+//! trips each one sits beside.
+
+/// The handler's transaction committed; the record's offset is not stored yet.
+pub const CONSUMER_AFTER_HANDLER: &str = "consumer.after-handler";
+/// The broker acknowledged an outbox batch; its rows are not marked published yet.
+pub const RELAY_AFTER_ACK: &str = "relay.after-ack";
+/// In a handler's transaction, after the state change and the outbox insert, before commit.
+pub const HANDLER_BEFORE_COMMIT: &str = "handler.before-commit";
+
+const ALL: [&str; 3] = [
+    CONSUMER_AFTER_HANDLER,
+    RELAY_AFTER_ACK,
+    HANDLER_BEFORE_COMMIT,
+];
+
+/// Arms the failpoints that `FAILPOINTS` names. An unknown name or a malformed action is
+/// an error, so a typo cannot silently leave a fault test without its fault.
+pub fn arm_from_env() -> anyhow::Result<()> {
+    let Ok(spec) = std::env::var("FAILPOINTS") else {
+        return Ok(());
+    };
+    arm(&spec)
+}
+
+/// Arms the failpoints of `spec` (`name=actions;name=actions`).
+pub fn arm(spec: &str) -> anyhow::Result<()> {
+    for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((name, actions)) = entry.split_once('=') else {
+            anyhow::bail!("FAILPOINTS entry `{entry}` is not name=actions");
+        };
+        let name = name.trim();
+        if !ALL.contains(&name) {
+            anyhow::bail!("FAILPOINTS names `{name}`, which is none of {ALL:?}");
+        }
+        fail::cfg(name, actions.trim())
+            .map_err(|error| anyhow::anyhow!("FAILPOINTS `{entry}`: {error}"))?;
+        tracing::warn!(
+            failpoint = name,
+            actions,
+            "failpoint armed: this process will abort on purpose"
+        );
+    }
+    Ok(())
+}
+
+/// Aborts the process here if the failpoint `name` is armed and its actions say `return`
+/// for this hit.
+pub fn crash_point(name: &str) {
+    fail::fail_point!(name, |_| {
+        tracing::error!(failpoint = name, "failpoint reached: aborting the process");
+        std::process::abort()
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_misspelt_failpoint_is_refused_naming_the_known_ones() {
+        let error = arm("consumer.after-handlr=return").unwrap_err().to_string();
+        assert!(error.contains("consumer.after-handlr"), "{error}");
+        assert!(error.contains(CONSUMER_AFTER_HANDLER), "{error}");
+    }
+
+    #[test]
+    fn a_malformed_entry_or_action_is_refused() {
+        assert!(arm("relay.after-ack").is_err());
+        assert!(arm("relay.after-ack=explode").is_err());
+    }
+
+    #[test]
+    fn an_empty_spec_arms_nothing() {
+        arm(" ; ").unwrap();
+        crash_point(CONSUMER_AFTER_HANDLER);
+    }
+}
