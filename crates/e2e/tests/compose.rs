@@ -1,0 +1,755 @@
+//! docker-compose.yml against the code and the native scripts (scripts/lib.sh): both
+//! setups must run the same binaries with settings the binaries understand, on the same
+//! ports, with the same topics and databases. Nothing here needs Docker or the
+//! infrastructure: the files are parsed, and each binary's `--help` says what it reads.
+//!
+//! The binaries must be built first (`cargo build --bins`; `scripts/test` does it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::LazyLock;
+
+use regex::Regex;
+use saphyr::{LoadableYamlNode, Scalar, YamlOwned};
+
+const DOCKERFILE: &str = "deploy/Dockerfile";
+const POSTGRES_INIT_FOLDER: &str = "deploy/postgres";
+const POSTGRES_INIT_MOUNT: &str = "/docker-entrypoint-initdb.d";
+
+#[test]
+fn the_compose_services_are_the_workspace_binaries_and_the_native_scripts_services() {
+    let compose = Compose::load();
+    let mut built = Vec::new();
+    for (name, service) in compose.built_services() {
+        let binary = compose.binary(name);
+        assert_eq!(
+            binary, name,
+            "compose service {name} runs {binary}: name it after its binary, as scripts/lib.sh does"
+        );
+        let context = text(service.at(&["build", "context"]));
+        assert_eq!(context, ".", "{name}: build context");
+        built.push(name.to_owned());
+    }
+    built.sort();
+
+    let mut binaries = workspace_binaries();
+    binaries.sort();
+    assert_eq!(
+        built, binaries,
+        "the services built from {DOCKERFILE} must be the workspace's binary crates"
+    );
+
+    let mut native = LibSh::load().array("SERVICES");
+    native.sort();
+    assert_eq!(
+        built, native,
+        "the services built from {DOCKERFILE} must be SERVICES in scripts/lib.sh"
+    );
+}
+
+#[test]
+fn every_environment_variable_a_service_sets_is_one_its_binary_reads() {
+    let compose = Compose::load();
+    for (name, service) in compose.built_services() {
+        let binary = compose.binary(name);
+        let read = variables_read_by(binary);
+        for variable in environment(service).keys() {
+            assert!(
+                read.contains(variable),
+                "{name} sets {variable}, which {binary} does not read; it reads {read:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_topics_kafka_init_creates_are_those_of_the_native_scripts_and_the_code() {
+    let compose = Compose::load();
+    let lib = LibSh::load();
+    let init = compose.service("kafka-init");
+    let env = environment(init);
+
+    let mut created: Vec<String> = env_var(&env, "kafka-init", "TOPICS")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    created.sort();
+    let mut native = lib.array("KAFKA_TOPICS");
+    native.sort();
+    let mut code = saga::Topics::new("").all();
+    code.sort();
+    assert_eq!(
+        created, native,
+        "kafka-init TOPICS vs KAFKA_TOPICS in scripts/lib.sh"
+    );
+    assert_eq!(created, code, "kafka-init TOPICS vs saga::Topics::all()");
+
+    assert_eq!(
+        env_var(&env, "kafka-init", "PARTITIONS"),
+        lib.scalar("KAFKA_TOPIC_PARTITIONS"),
+        "kafka-init PARTITIONS vs KAFKA_TOPIC_PARTITIONS in scripts/lib.sh"
+    );
+
+    // The variables above count only if the command uses them.
+    let command = strings(init.at(&["command"])).join(" ");
+    for needed in ["$$TOPICS", "$$PARTITIONS", "$$BOOTSTRAP", "--if-not-exists"] {
+        assert!(
+            command.contains(needed),
+            "kafka-init's command does not use {needed}: {command}"
+        );
+    }
+}
+
+#[test]
+fn kafka_init_and_every_service_reach_the_broker_on_its_internal_listener() {
+    let compose = Compose::load();
+    let kafka = environment(compose.service("kafka"));
+    let advertised = env_var(&kafka, "kafka", "KAFKA_ADVERTISED_LISTENERS");
+    let listeners = env_var(&kafka, "kafka", "KAFKA_LISTENERS");
+    let internal: Vec<String> = listener_addresses(&advertised)
+        .into_iter()
+        .filter(|(_, address)| address.starts_with("kafka:"))
+        .map(|(listener, address)| {
+            let port = address.rsplit(':').next().unwrap();
+            assert!(
+                listener_addresses(&listeners)
+                    .iter()
+                    .any(|(l, a)| *l == listener && a.ends_with(&format!(":{port}"))),
+                "advertised listener {listener}://{address} is not in KAFKA_LISTENERS {listeners}"
+            );
+            address
+        })
+        .collect();
+    assert!(
+        !internal.is_empty(),
+        "no advertised listener on host `kafka` for the other containers: {advertised}"
+    );
+
+    let mut clients = vec![(
+        "kafka-init".to_owned(),
+        env_var(
+            &environment(compose.service("kafka-init")),
+            "kafka-init",
+            "BOOTSTRAP",
+        ),
+    )];
+    for (name, service) in compose.built_services() {
+        clients.push((
+            name.to_owned(),
+            env_var(&environment(service), name, "KAFKA_BROKERS"),
+        ));
+    }
+    for (name, brokers) in clients {
+        for broker in brokers.split(',') {
+            assert!(
+                internal.iter().any(|address| address == broker),
+                "{name} connects to {broker}, not to an internal listener of kafka {internal:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_databases_postgres_creates_are_those_of_the_native_scripts_and_the_services() {
+    let compose = Compose::load();
+    let postgres = compose.service("postgres");
+    let mounted = strings(postgres.at(&["volumes"])).iter().any(|volume| {
+        volume.starts_with(&format!("./{POSTGRES_INIT_FOLDER}:{POSTGRES_INIT_MOUNT}"))
+    });
+    assert!(
+        mounted,
+        "postgres does not mount ./{POSTGRES_INIT_FOLDER} on {POSTGRES_INIT_MOUNT}"
+    );
+
+    let mut created = created_databases();
+    created.sort();
+    let mut native = LibSh::load().array("PG_DATABASES");
+    native.sort();
+    assert_eq!(
+        created, native,
+        "databases created by {POSTGRES_INIT_FOLDER} vs PG_DATABASES in scripts/lib.sh"
+    );
+
+    let mut used: Vec<String> = compose
+        .built_services()
+        .map(|(name, service)| database_url(service, name).database)
+        .collect();
+    used.sort();
+    assert_eq!(
+        created, used,
+        "databases created by {POSTGRES_INIT_FOLDER} vs those in the services' DATABASE_URL"
+    );
+}
+
+#[test]
+fn each_service_uses_the_database_and_role_of_the_native_scripts() {
+    let compose = Compose::load();
+    let lib = LibSh::load();
+    let postgres = environment(compose.service("postgres"));
+    let user = env_var(&postgres, "postgres", "POSTGRES_USER");
+    let password = env_var(&postgres, "postgres", "POSTGRES_PASSWORD");
+    assert_eq!(user, lib.scalar("PG_USER"), "POSTGRES_USER vs PG_USER");
+    assert_eq!(
+        password,
+        lib.scalar("PG_PASSWORD"),
+        "POSTGRES_PASSWORD vs PG_PASSWORD"
+    );
+
+    for (name, service) in compose.built_services() {
+        let url = database_url(service, name);
+        assert_eq!(
+            url.database,
+            lib.case("service_database", name),
+            "{name}: DATABASE_URL's database vs service_database in scripts/lib.sh"
+        );
+        assert_eq!(
+            (url.user.as_str(), url.password.as_str()),
+            (user.as_str(), password.as_str()),
+            "{name}: DATABASE_URL logs in as another role than postgres creates"
+        );
+        assert_eq!(
+            url.host_port, "postgres:5432",
+            "{name}: DATABASE_URL does not point at the postgres container"
+        );
+    }
+}
+
+#[test]
+fn each_service_listens_is_published_and_is_health_checked_on_its_native_port() {
+    let compose = Compose::load();
+    let lib = LibSh::load();
+    for (name, service) in compose.built_services() {
+        let port = lib.case("service_port", name);
+
+        let http_addr = env_var(&environment(service), name, "HTTP_ADDR");
+        assert_eq!(
+            http_addr,
+            format!("0.0.0.0:{port}"),
+            "{name}: HTTP_ADDR must listen on all interfaces (to be reachable through the \
+             published port) on service_port from scripts/lib.sh"
+        );
+
+        let published = published_ports(service);
+        assert_eq!(
+            published,
+            vec![(port.clone(), port.clone())],
+            "{name}: published ports (host, container) vs service_port in scripts/lib.sh"
+        );
+
+        let check = strings(service.at(&["healthcheck", "test"])).join(" ");
+        assert!(
+            check.contains(&format!("http://127.0.0.1:{port}/health")),
+            "{name}: the healthcheck does not ask /health on port {port}: {check}"
+        );
+
+        let default = help_default(compose.binary(name), "HTTP_ADDR");
+        assert!(
+            default.ends_with(&format!(":{port}")),
+            "{name}: the binary's own default HTTP_ADDR {default} is not on service_port {port}"
+        );
+    }
+}
+
+#[test]
+fn postgres_and_kafka_are_published_on_the_native_ports() {
+    let compose = Compose::load();
+    let lib = LibSh::load();
+    for (service, variable) in [("postgres", "PG_PORT"), ("kafka", "KAFKA_PORT")] {
+        let port = lib.scalar(variable);
+        assert_eq!(
+            published_ports(compose.service(service)),
+            vec![(port.clone(), port.clone())],
+            "{service}: published ports (host, container) vs {variable} in scripts/lib.sh"
+        );
+    }
+    let kafka = environment(compose.service("kafka"));
+    let host_address = format!("{}:{}", lib.scalar("KAFKA_HOST"), lib.scalar("KAFKA_PORT"));
+    let advertised = env_var(&kafka, "kafka", "KAFKA_ADVERTISED_LISTENERS");
+    assert!(
+        listener_addresses(&advertised)
+            .iter()
+            .any(|(_, address)| *address == host_address),
+        "kafka does not advertise {host_address}, where the host's clients (scripts/lib.sh \
+         KAFKA_BOOTSTRAP) reach it: {advertised}"
+    );
+}
+
+#[test]
+fn the_kafka_image_is_the_release_the_native_scripts_run() {
+    let compose = Compose::load();
+    let version = LibSh::load().scalar("KAFKA_VERSION");
+    for service in ["kafka", "kafka-init"] {
+        assert_eq!(
+            text(compose.service(service).at(&["image"])),
+            format!("apache/kafka:{version}"),
+            "{service}: image vs KAFKA_VERSION in scripts/lib.sh"
+        );
+    }
+}
+
+#[test]
+fn the_broker_is_configured_like_the_native_one() {
+    // Where the two necessarily differ: addresses and the data folder.
+    const PLACE_SPECIFIC: [&str; 7] = [
+        "listeners",
+        "advertised.listeners",
+        "listener.security.protocol.map",
+        "inter.broker.listener.name",
+        "controller.quorum.bootstrap.servers",
+        "controller.quorum.voters",
+        "log.dirs",
+    ];
+    let compose = Compose::load();
+    let env = environment(compose.service("kafka"));
+    let properties = read(&root().join("deploy/kafka/server.properties"));
+    let mut compared = 0;
+    for line in properties.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (key, value) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("deploy/kafka/server.properties: not key=value: {line}"));
+        if PLACE_SPECIFIC.contains(&key) {
+            continue;
+        }
+        // The image's convention: KAFKA_ and the property in upper case, `.` as `_`.
+        let variable = format!("KAFKA_{}", key.to_uppercase().replace('.', "_"));
+        assert_eq!(
+            env.get(&variable).map(String::as_str),
+            Some(value),
+            "kafka's {variable} vs {key} in deploy/kafka/server.properties"
+        );
+        compared += 1;
+    }
+    assert!(
+        compared > 0,
+        "nothing compared: has server.properties moved?"
+    );
+}
+
+#[test]
+fn every_service_starts_after_healthy_infrastructure_and_created_topics_and_all_but_kafka_init_are_restarted()
+ {
+    let compose = Compose::load();
+    let wanted = [
+        ("postgres", "service_healthy"),
+        ("kafka", "service_healthy"),
+        ("kafka-init", "service_completed_successfully"),
+    ];
+    for (name, service) in compose.built_services() {
+        for (dependency, condition) in wanted {
+            assert_eq!(
+                text(service.at(&["depends_on", dependency, "condition"])),
+                condition,
+                "{name}: depends_on {dependency}"
+            );
+        }
+    }
+    // All but the one-shot kafka-init come back after a crash or a reboot.
+    for (name, service) in compose.services().filter(|(name, _)| *name != "kafka-init") {
+        assert_eq!(
+            text(service.at(&["restart"])),
+            "unless-stopped",
+            "{name}: restart"
+        );
+    }
+    assert_eq!(
+        text(
+            compose
+                .service("kafka-init")
+                .at(&["depends_on", "kafka", "condition"])
+        ),
+        "service_healthy",
+        "kafka-init: depends_on kafka"
+    );
+}
+
+// ------------------------------------------------------------------- compose file
+
+struct Compose {
+    root: YamlOwned,
+}
+
+impl Compose {
+    fn load() -> Self {
+        let path = root().join("docker-compose.yml");
+        let mut documents = YamlOwned::load_from_str(&read(&path))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(documents.len(), 1, "{}: one YAML document", path.display());
+        Self {
+            root: documents.remove(0),
+        }
+    }
+
+    fn services(&self) -> impl Iterator<Item = (&str, &YamlOwned)> {
+        self.root
+            .at(&["services"])
+            .as_mapping()
+            .expect("`services` is a mapping")
+            .iter()
+            .map(|(name, service)| (name.as_str().expect("service names are strings"), service))
+    }
+
+    fn service(&self, name: &str) -> &YamlOwned {
+        self.services()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("docker-compose.yml has no service {name}"))
+            .1
+    }
+
+    /// The services whose image is built from the project's Dockerfile.
+    fn built_services(&self) -> impl Iterator<Item = (&str, &YamlOwned)> {
+        self.services().filter(|(_, service)| {
+            service
+                .get(&["build", "dockerfile"])
+                .is_some_and(|dockerfile| text(dockerfile) == DOCKERFILE)
+        })
+    }
+
+    /// The binary a built service runs: the first word of its command (the image has no
+    /// entrypoint).
+    fn binary(&self, name: &str) -> &str {
+        let service = self.service(name);
+        assert!(
+            service.get(&["entrypoint"]).is_none(),
+            "{name}: an entrypoint would run instead of the binary named by `command`"
+        );
+        match service.at(&["command"]) {
+            YamlOwned::Sequence(words) => words
+                .first()
+                .and_then(YamlOwned::as_str)
+                .unwrap_or_else(|| panic!("{name}: empty command")),
+            other => panic!("{name}: write `command` as a list (exec form), not {other:?}"),
+        }
+    }
+}
+
+trait Node {
+    fn get(&self, path: &[&str]) -> Option<&YamlOwned>;
+    fn at(&self, path: &[&str]) -> &YamlOwned;
+}
+
+impl Node for YamlOwned {
+    fn get(&self, path: &[&str]) -> Option<&YamlOwned> {
+        path.iter()
+            .try_fold(self, |node, key| node.as_mapping_get(key))
+    }
+
+    fn at(&self, path: &[&str]) -> &YamlOwned {
+        self.get(path)
+            .unwrap_or_else(|| panic!("docker-compose.yml: no {} here", path.join(".")))
+    }
+}
+
+/// A scalar as compose reads it: environment values and ports may be written unquoted.
+fn text(node: &YamlOwned) -> String {
+    match node {
+        YamlOwned::Value(scalar) => match scalar.as_scalar() {
+            Scalar::String(s) => s.into_owned(),
+            Scalar::Integer(i) => i.to_string(),
+            Scalar::Boolean(b) => b.to_string(),
+            Scalar::FloatingPoint(f) => f.to_string(),
+            Scalar::Null => String::new(),
+        },
+        other => panic!("docker-compose.yml: expected a scalar, found {other:?}"),
+    }
+}
+
+fn strings(node: &YamlOwned) -> Vec<String> {
+    match node {
+        YamlOwned::Sequence(items) => items.iter().map(text).collect(),
+        other => vec![text(other)],
+    }
+}
+
+/// A service's `environment`, in either of compose's two forms.
+fn environment(service: &YamlOwned) -> BTreeMap<String, String> {
+    match service.get(&["environment"]) {
+        None => BTreeMap::new(),
+        Some(YamlOwned::Mapping(map)) => map.iter().map(|(k, v)| (text(k), text(v))).collect(),
+        Some(YamlOwned::Sequence(items)) => items
+            .iter()
+            .map(|item| {
+                let item = text(item);
+                let (k, v) = item.split_once('=').unwrap_or((&item, ""));
+                (k.to_owned(), v.to_owned())
+            })
+            .collect(),
+        Some(other) => panic!("environment is neither a mapping nor a list: {other:?}"),
+    }
+}
+
+fn env_var(env: &BTreeMap<String, String>, service: &str, name: &str) -> String {
+    env.get(name)
+        .unwrap_or_else(|| panic!("{service} does not set {name}"))
+        .clone()
+}
+
+/// (host port, container port) of each `ports` entry, e.g. "127.0.0.1:8080:8080".
+fn published_ports(service: &YamlOwned) -> Vec<(String, String)> {
+    strings(service.at(&["ports"]))
+        .iter()
+        .map(|spec| {
+            let parts: Vec<&str> = spec.split(':').collect();
+            match parts[..] {
+                [.., host, container] => (host.to_owned(), container.to_owned()),
+                _ => panic!("port {spec}: write it as [ip:]host:container"),
+            }
+        })
+        .collect()
+}
+
+/// `NAME://host:port,...` as (NAME, host:port) pairs.
+fn listener_addresses(listeners: &str) -> Vec<(String, String)> {
+    listeners
+        .split(',')
+        .map(|listener| {
+            let (name, address) = listener
+                .split_once("://")
+                .unwrap_or_else(|| panic!("not NAME://host:port: {listener}"));
+            (name.to_owned(), address.to_owned())
+        })
+        .collect()
+}
+
+struct DatabaseUrl {
+    user: String,
+    password: String,
+    host_port: String,
+    database: String,
+}
+
+fn database_url(service: &YamlOwned, name: &str) -> DatabaseUrl {
+    static URL: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"^postgres(?:ql)?://([^:@/]+):([^@/]*)@([^/]+)/([^/?]+)$").unwrap()
+    });
+    let url = env_var(&environment(service), name, "DATABASE_URL");
+    let parts = URL.captures(&url).unwrap_or_else(|| {
+        panic!("{name}: DATABASE_URL {url} is not postgres://user:password@host:port/database")
+    });
+    DatabaseUrl {
+        user: parts[1].to_owned(),
+        password: parts[2].to_owned(),
+        host_port: parts[3].to_owned(),
+        database: parts[4].to_owned(),
+    }
+}
+
+/// The databases that the postgres image's init scripts create.
+fn created_databases() -> Vec<String> {
+    static CREATE: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"(?im)^\s*CREATE DATABASE\s+(\w+)").unwrap());
+    let folder = root().join(POSTGRES_INIT_FOLDER);
+    let mut databases = Vec::new();
+    for entry in std::fs::read_dir(&folder).unwrap_or_else(|e| panic!("{}: {e}", folder.display()))
+    {
+        let path = entry.unwrap().path();
+        assert_eq!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("sql"),
+            "{}: only .sql init scripts are understood here",
+            path.display()
+        );
+        databases.extend(CREATE.captures_iter(&read(&path)).map(|c| c[1].to_owned()));
+    }
+    databases
+}
+
+// ------------------------------------------------------------------ scripts/lib.sh
+
+/// scripts/lib.sh read as text, not run: only the simple shapes it uses for its
+/// settings are understood, and any other shape fails the test naming what to update.
+struct LibSh {
+    text: String,
+}
+
+impl LibSh {
+    fn load() -> Self {
+        Self {
+            text: read(&root().join("scripts/lib.sh")),
+        }
+    }
+
+    fn changed(&self, what: &str) -> ! {
+        panic!(
+            "scripts/lib.sh: cannot find {what} in the shape this test parses; \
+             if lib.sh changed, update crates/e2e/tests/compose.rs to match"
+        )
+    }
+
+    /// `NAME=(a b c)`, on one line or several, with comments.
+    fn array(&self, name: &str) -> Vec<String> {
+        let start = Regex::new(&format!(r"(?m)^{name}=\(")).unwrap();
+        let found = start
+            .find(&self.text)
+            .unwrap_or_else(|| self.changed(&format!("the array {name}=(...)")));
+        let body = &self.text[found.end()..];
+        let body = &body[..body
+            .find(')')
+            .unwrap_or_else(|| self.changed(&format!("the end of {name}=(...)")))];
+        let words: Vec<String> = body
+            .lines()
+            .map(|line| line.split('#').next().unwrap())
+            .flat_map(str::split_whitespace)
+            .map(str::to_owned)
+            .collect();
+        if words.is_empty() {
+            self.changed(&format!("elements in {name}=(...)"));
+        }
+        words
+    }
+
+    /// `NAME=value`, `NAME="value"` or `NAME="${OVERRIDE:-value}"`: the value (the
+    /// default, when the environment may override it).
+    fn scalar(&self, name: &str) -> String {
+        let line = Regex::new(&format!(
+            r#"(?m)^{name}=(?:"\$\{{[A-Z_]+:-([^}}"]*)\}}"|"([^"$]*)"|([^\s"$]+))\s*$"#
+        ))
+        .unwrap();
+        let captures = line
+            .captures(&self.text)
+            .unwrap_or_else(|| self.changed(&format!("the setting {name}=value")));
+        (1..=3)
+            .find_map(|i| captures.get(i))
+            .map(|m| m.as_str().to_owned())
+            .unwrap()
+    }
+
+    /// The `echo` of `function`'s case branch for `key`:
+    /// `function() { case "$1" in key) echo value ;; ... esac }`.
+    fn case(&self, function: &str, key: &str) -> String {
+        let header = format!("{function}() {{");
+        let start = self
+            .text
+            .find(&header)
+            .unwrap_or_else(|| self.changed(&format!("the function {function}")));
+        let body = &self.text[start..];
+        let body = &body[..body
+            .find("esac")
+            .unwrap_or_else(|| self.changed(&format!("the case statement of {function}")))];
+        let branch = Regex::new(&format!(
+            r"(?m)^\s*{}\)\s*echo\s+(\S+)\s*;;",
+            regex::escape(key)
+        ))
+        .unwrap();
+        branch
+            .captures(body)
+            .map(|c| c[1].to_owned())
+            .unwrap_or_else(|| self.changed(&format!("`{key}) echo ...` in {function}")))
+    }
+}
+
+// ----------------------------------------------------------------------- binaries
+
+/// Every environment variable `binary` reads: its settings, as its `--help` lists them
+/// (clap prints `[env: NAME=]`), and those the logging setup reads itself.
+fn variables_read_by(binary: &str) -> BTreeSet<String> {
+    static ENV: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"\[env: ([A-Z][A-Z0-9_]*)=").unwrap());
+    let help = help(binary);
+    let mut read: BTreeSet<String> = ENV.captures_iter(&help).map(|c| c[1].to_owned()).collect();
+    assert!(
+        !read.is_empty(),
+        "{binary} --help names no variable:\n{help}"
+    );
+    read.extend(logging_variables());
+    read
+}
+
+/// The variables that `saga::telemetry` reads outside clap: `std::env::var("NAME")`, and
+/// `RUST_LOG` when it builds its filter from tracing-subscriber's default variable.
+fn logging_variables() -> Vec<String> {
+    static VAR: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r#"env::var\("([A-Z][A-Z0-9_]*)"\)"#).unwrap());
+    let source = read(&root().join("crates/saga/src/telemetry.rs"));
+    let mut variables: Vec<String> = VAR
+        .captures_iter(&source)
+        .map(|c| c[1].to_owned())
+        .collect();
+    if source.contains("from_default_env") {
+        variables.push("RUST_LOG".to_owned());
+    }
+    variables
+}
+
+/// The `[default: ...]` that `binary --help` shows for the setting read from `variable`.
+fn help_default(binary: &str, variable: &str) -> String {
+    let help = help(binary);
+    let pattern = Regex::new(&format!(
+        r"\[env: {}=[^\]]*\]\s*\[default: ([^\]]*)\]",
+        regex::escape(variable)
+    ))
+    .unwrap();
+    pattern
+        .captures(&help)
+        .map(|c| c[1].to_owned())
+        .unwrap_or_else(|| panic!("{binary} --help shows no default for {variable}:\n{help}"))
+}
+
+fn help(binary: &str) -> String {
+    let path = binary_path(binary);
+    // A clean environment: clap would print the values of any variables set here.
+    let output = Command::new(&path)
+        .arg("--help")
+        .env_clear()
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    assert!(
+        output.status.success(),
+        "{} --help failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("--help prints UTF-8")
+}
+
+/// The built binary next to this test's own target folder.
+fn binary_path(binary: &str) -> PathBuf {
+    let test_exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test> -> target/<profile>/<binary>
+    let path = test_exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps")
+        .join(binary);
+    assert!(
+        path.exists(),
+        "{} not found: build the services first (`cargo build --bins`, as scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// The workspace's binary crates: `crates/<name>` with a `src/main.rs`, whose package
+/// (and so binary) name is the folder's.
+fn workspace_binaries() -> Vec<String> {
+    let crates = root().join("crates");
+    let mut binaries = Vec::new();
+    for entry in std::fs::read_dir(&crates).unwrap() {
+        let folder = entry.unwrap().path();
+        if !folder.join("src/main.rs").exists() {
+            continue;
+        }
+        let name = folder.file_name().unwrap().to_str().unwrap().to_owned();
+        let manifest = read(&folder.join("Cargo.toml"));
+        assert!(
+            manifest.contains(&format!("\nname = \"{name}\"\n")),
+            "{}: the package is not named after its folder {name}",
+            folder.display()
+        );
+        binaries.push(name);
+    }
+    binaries
+}
+
+// ------------------------------------------------------------------------ helpers
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
