@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
@@ -99,6 +99,31 @@ impl ConsumerContext for SagaConsumerContext {
     }
 }
 
+/// Consumer errors are logged at most this often; the rest are counted.
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Keeps an outage from flooding the log with one line per failed reconnect.
+#[derive(Default)]
+struct ErrorLog {
+    last_logged: Option<Instant>,
+    not_logged: u64,
+}
+
+impl ErrorLog {
+    fn report(&mut self, error: &rdkafka::error::KafkaError) {
+        if self
+            .last_logged
+            .is_some_and(|at| at.elapsed() < ERROR_LOG_INTERVAL)
+        {
+            self.not_logged += 1;
+            return;
+        }
+        tracing::warn!(%error, similar_not_logged = self.not_logged, "kafka consumer error; librdkafka reconnects by itself");
+        self.last_logged = Some(Instant::now());
+        self.not_logged = 0;
+    }
+}
+
 fn partitions(tpl: &TopicPartitionList) -> String {
     tpl.elements()
         .iter()
@@ -142,7 +167,7 @@ pub async fn run<H: Handler>(
 
     let workers = TaskTracker::new();
     let mut queues: HashMap<(String, i32), mpsc::Sender<OwnedMessage>> = HashMap::new();
-    let mut delays = backoff::backoff();
+    let mut errors = ErrorLog::default();
     loop {
         let received = tokio::select! {
             biased;
@@ -150,19 +175,18 @@ pub async fn run<H: Handler>(
             received = consumer.recv() => received.map(|m| m.detach()),
         };
         let message = match received {
-            Ok(message) => {
-                delays = backoff::backoff();
-                message
-            }
+            Ok(message) => message,
             Err(error) => {
-                // Broker unreachable and the like: librdkafka reconnects by itself; this
-                // only keeps the log from flooding meanwhile.
-                let delay = backoff::next_delay(&mut delays);
-                tracing::warn!(%error, retry_in = ?delay, "kafka consumer error");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(delay) => continue,
+                // Broker unreachable and the like: librdkafka reconnects by itself and
+                // queues a report of each failed attempt. Keep polling: pausing per report
+                // would leave the reports queued during an outage to be drained one pause
+                // at a time after it, with every partition stalled meanwhile (for minutes
+                // after a broker restart, before this was changed). Only the log is thinned.
+                if let Some((code, reason)) = consumer.client().fatal_error() {
+                    anyhow::bail!("kafka consumer failed for good: {code:?}: {reason}");
                 }
+                errors.report(&error);
+                continue;
             }
         };
         let key = (message.topic().to_owned(), message.partition());
