@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use deadpool_postgres::Pool;
-use saga::Topics;
+use saga::{Retry, Topics};
 use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
@@ -70,7 +70,7 @@ async fn place_order(
             format!("unknown product {product_id}"),
         ),
         PlaceOrderError::Pool(error) => ApiError::Unavailable(error.to_string()),
-        PlaceOrderError::Database(error) => ApiError::Internal(error.into()),
+        PlaceOrderError::Database(error) => database_error(error),
     })?;
     tracing::info!(order_id = %order.id, amount_cents = order.amount_cents, "order placed");
     let mut response_headers = HeaderMap::new();
@@ -144,7 +144,7 @@ async fn get_order(
         .map_err(|error| ApiError::Unavailable(error.to_string()))?;
     orders::find_order(&client, order_id)
         .await
-        .map_err(|error| ApiError::Internal(error.into()))?
+        .map_err(database_error)?
         .map(axum::Json)
         .ok_or(ApiError::NotFound(order_id))
 }
@@ -202,6 +202,16 @@ pub enum ApiError {
     /// 500: a bug or a surprise. Logged in full; the client sees no details.
     #[error(transparent)]
     Internal(anyhow::Error),
+}
+
+/// A database error that goes away by itself (the server stopping or restarting cuts
+/// the pooled sessions: "connection closed", SQLSTATE 57P01) is a 503, like a pool that
+/// cannot connect: the same classes the consumer retries for as long as it takes.
+fn database_error(error: tokio_postgres::Error) -> ApiError {
+    match saga::handler::classify_postgres(&error) {
+        Retry::UntilItWorks => ApiError::Unavailable(error.to_string()),
+        Retry::AFewTimes | Retry::Never => ApiError::Internal(error.into()),
+    }
 }
 
 impl ApiError {

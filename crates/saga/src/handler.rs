@@ -93,8 +93,8 @@ fn describe(error: &tokio_postgres::Error) -> String {
 
 /// Sorts PostgreSQL errors by SQLSTATE class: connection loss, conflicts and a server
 /// that is shutting down or out of resources heal by themselves; anything else is a
-/// surprise.
-fn classify_postgres(error: &tokio_postgres::Error) -> Retry {
+/// surprise. The order API uses it too, to answer 503 rather than 500.
+pub fn classify_postgres(error: &tokio_postgres::Error) -> Retry {
     let Some(state) = error.code() else {
         // No SQLSTATE: the connection broke or closed under us.
         return Retry::UntilItWorks;
