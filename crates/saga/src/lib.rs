@@ -11,6 +11,8 @@
 //!   [`OutboxRelay`] that publishes committed rows.
 //! - [`failpoint`]: where the fault suite makes a service die on purpose; off unless
 //!   `FAILPOINTS` arms them.
+//! - [`redrive`]: sends dead letters back to their topics once the cause is fixed (the
+//!   `redrive-dlq` binary).
 //! - [`db`], [`kafka`], [`config`], [`telemetry`], [`shutdown`], [`http`], [`service`]:
 //!   plumbing shared by the three services.
 //!
@@ -29,6 +31,7 @@ pub mod handler;
 pub mod http;
 pub mod kafka;
 pub mod outbox;
+pub mod redrive;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
