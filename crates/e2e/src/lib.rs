@@ -4,10 +4,26 @@
 //! databases to check effects.
 //!
 //! The binaries must be built first (`cargo build --bins`; `scripts/test` does it).
+//!
+//! For the fault suite (`tests/faults.rs`): a service can run as several instances (its
+//! first instance is named after it, more get their own port and log), be started with
+//! failpoints armed, killed, and watched for dying ([`chaos`] restarts what a failpoint
+//! killed); [`load`] places orders in the
+//! background, [`hand`] produces records as a person would, [`infra`] stops and restarts
+//! the broker and PostgreSQL, and [`invariants`] checks, after a scenario, that every
+//! effect happened exactly once.
 
-use std::collections::HashMap;
+pub mod chaos;
+pub mod hand;
+pub mod infra;
+pub mod invariants;
+pub mod load;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use saga_testkit::{TestDatabase, TestKafka, eventually};
@@ -18,6 +34,7 @@ use uuid::Uuid;
 pub const ORDER_SERVICE: &str = "order-service";
 pub const PAYMENT_SERVICE: &str = "payment-service";
 pub const NOTIFICATION_SERVICE: &str = "notification-service";
+pub const SERVICES: [&str; 3] = [ORDER_SERVICE, PAYMENT_SERVICE, NOTIFICATION_SERVICE];
 
 /// The product of the README's example order: 1299 cents.
 pub const KEYBOARD: &str = "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21";
@@ -30,14 +47,25 @@ pub struct Stack {
     pub orders_db: TestDatabase,
     pub payments_db: TestDatabase,
     pub notifications_db: TestDatabase,
-    processes: HashMap<&'static str, Child>,
-    ports: HashMap<&'static str, u16>,
+    /// The running processes, by instance name.
+    processes: HashMap<String, Child>,
+    /// Each instance's HTTP port, kept across restarts so the API stays where it was.
+    ports: HashMap<String, u16>,
+    /// Every instance ever started, and its service: whose logs tell what a consumer
+    /// group handled.
+    instances: BTreeMap<String, &'static str>,
     http: reqwest::Client,
 }
 
 impl Stack {
     /// Starts all three services and waits until each reports healthy.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts all three services, with `failpoints` (service, `FAILPOINTS` value) armed
+    /// in some, and waits until each reports healthy.
+    pub async fn start_with(failpoints: &[(&'static str, String)]) -> Self {
         let (kafka, orders_db, payments_db, notifications_db) = tokio::join!(
             TestKafka::new(),
             TestDatabase::empty(),
@@ -51,26 +79,50 @@ impl Stack {
             notifications_db,
             processes: HashMap::new(),
             ports: HashMap::new(),
+            instances: BTreeMap::new(),
             http: reqwest::Client::new(),
         };
-        for service in [ORDER_SERVICE, PAYMENT_SERVICE, NOTIFICATION_SERVICE] {
-            stack.start_service(service).await;
+        for service in SERVICES {
+            let armed = failpoints
+                .iter()
+                .find(|(s, _)| *s == service)
+                .map(|(_, spec)| spec.as_str());
+            if let Some(status) = stack.start_instance(service, service, armed).await {
+                panic!("{service} exited before it was healthy: {status}");
+            }
         }
         stack
     }
 
     /// Starts (or restarts) `service` and waits until `/health` answers 200.
     pub async fn start_service(&mut self, service: &'static str) {
-        let database = match service {
-            ORDER_SERVICE => &self.orders_db,
-            PAYMENT_SERVICE => &self.payments_db,
-            NOTIFICATION_SERVICE => &self.notifications_db,
-            other => panic!("no service {other}"),
-        };
-        let port = *self.ports.entry(service).or_insert_with(free_port);
-        let log = log_file(&self.kafka.namespace, service);
-        let child = Command::new(binary(service))
-            .env("DATABASE_URL", &database.url)
+        if let Some(status) = self.start_instance(service, service, None).await {
+            panic!("{service} exited before it was healthy: {status}");
+        }
+    }
+
+    /// Starts (or restarts) one instance of `service` named `instance` (the service's
+    /// name for its first instance), with `failpoints` armed if given (see
+    /// `saga::failpoint`). Waits until it is healthy, or until it dies first (an armed
+    /// failpoint may fire early): then returns how it exited.
+    pub async fn start_instance(
+        &mut self,
+        service: &'static str,
+        instance: &str,
+        failpoints: Option<&str>,
+    ) -> Option<ExitStatus> {
+        let database_url = self.database(service).url.clone();
+        let port = *self
+            .ports
+            .entry(instance.to_owned())
+            .or_insert_with(free_port);
+        let log = log_file(&self.kafka.namespace, instance);
+        let mut command = Command::new(binary(service));
+        if let Some(failpoints) = failpoints {
+            command.env("FAILPOINTS", failpoints);
+        }
+        let child = command
+            .env("DATABASE_URL", &database_url)
             .env("KAFKA_BROKERS", &self.kafka.brokers)
             .env("KAFKA_NAMESPACE", &self.kafka.namespace)
             .env("HTTP_ADDR", format!("127.0.0.1:{port}"))
@@ -81,48 +133,152 @@ impl Stack {
             .stderr(log)
             .kill_on_drop(true)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {service}: {e}"));
-        self.processes.insert(service, child);
+            .unwrap_or_else(|e| panic!("cannot start {instance}: {e}"));
+        self.instances.insert(instance.to_owned(), service);
         let url = format!("http://127.0.0.1:{port}/health");
         let http = self.http.clone();
-        eventually(SETTLE, &format!("{service} to be healthy"), || {
+        let child = RefCell::new(child);
+        let exited = eventually(SETTLE, &format!("{instance} to be healthy"), || {
             let (http, url) = (http.clone(), url.clone());
+            let exited = child
+                .borrow_mut()
+                .try_wait()
+                .expect("the child can be waited on");
             async move {
+                if let Some(status) = exited {
+                    return Some(Some(status));
+                }
                 let response = http.get(&url).send().await.ok()?;
-                response.status().is_success().then_some(())
+                response.status().is_success().then_some(None)
             }
         })
         .await;
+        if exited.is_none() {
+            self.processes
+                .insert(instance.to_owned(), child.into_inner());
+        }
+        exited
     }
 
     /// Sends SIGTERM to `service` and waits for it to exit; returns whether it exited
     /// successfully.
     pub async fn terminate_service(&mut self, service: &'static str) -> bool {
-        let mut child = self.processes.remove(service).expect("the service runs");
+        self.terminate_instance(service).await.success()
+    }
+
+    /// Sends SIGTERM to `instance` and waits for it to exit; returns how it exited.
+    pub async fn terminate_instance(&mut self, instance: &str) -> ExitStatus {
+        self.signal_and_wait(instance, "TERM").await
+    }
+
+    /// Sends SIGKILL to `instance` and waits for it to be gone.
+    pub async fn kill_instance(&mut self, instance: &str) -> ExitStatus {
+        self.signal_and_wait(instance, "KILL").await
+    }
+
+    async fn signal_and_wait(&mut self, instance: &str, signal: &str) -> ExitStatus {
+        let mut child = self
+            .processes
+            .remove(instance)
+            .unwrap_or_else(|| panic!("{instance} is not running"));
         let pid = child
             .id()
             .expect("the process has not been reaped")
             .to_string();
         let sent = Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([&format!("-{signal}"), &pid])
             .status()
             .await
             .unwrap();
-        assert!(sent.success(), "kill -TERM {pid}");
-        let status = tokio::time::timeout(SETTLE, child.wait())
+        assert!(sent.success(), "kill -{signal} {pid}");
+        tokio::time::timeout(SETTLE, child.wait())
             .await
-            .unwrap_or_else(|_| panic!("{service} did not stop within {SETTLE:?} of SIGTERM"))
-            .unwrap();
-        status.success()
+            .unwrap_or_else(|_| panic!("{instance} did not stop within {SETTLE:?} of SIG{signal}"))
+            .unwrap()
     }
 
-    /// What `service` has logged so far.
-    pub fn log(&self, service: &str) -> String {
-        std::fs::read_to_string(log_path(&self.kafka.namespace, service)).unwrap_or_default()
+    /// How `instance` exited, if it has since it was started (it is then no longer
+    /// running); `None` while it runs.
+    pub fn exited(&mut self, instance: &str) -> Option<ExitStatus> {
+        let status = self
+            .processes
+            .get_mut(instance)?
+            .try_wait()
+            .expect("the child can be waited on")?;
+        self.processes.remove(instance);
+        Some(status)
+    }
+
+    /// Whether `instance` answers `/health` with 200 (it reaches its database).
+    pub async fn healthy(&self, instance: &str) -> bool {
+        let url = format!("http://127.0.0.1:{}/health", self.ports[instance]);
+        match self
+            .http
+            .get(url)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+        {
+            Ok(response) => response.status().is_success(),
+            Err(_) => false,
+        }
+    }
+
+    /// The instances running now.
+    pub fn running(&self) -> Vec<String> {
+        let mut running: Vec<String> = self.processes.keys().cloned().collect();
+        running.sort();
+        running
+    }
+
+    /// Every instance ever started, with its service.
+    pub fn instances(&self) -> &BTreeMap<String, &'static str> {
+        &self.instances
+    }
+
+    /// The database `service` owns.
+    pub fn database(&self, service: &str) -> &TestDatabase {
+        match service {
+            ORDER_SERVICE => &self.orders_db,
+            PAYMENT_SERVICE => &self.payments_db,
+            NOTIFICATION_SERVICE => &self.notifications_db,
+            other => panic!("no service {other}"),
+        }
+    }
+
+    /// What `instance` (a service's name, for its first instance) has logged so far.
+    pub fn log(&self, instance: &str) -> String {
+        std::fs::read_to_string(log_path(&self.kafka.namespace, instance)).unwrap_or_default()
+    }
+
+    /// Everything every instance of `service` has logged so far.
+    pub fn logs_of(&self, service: &str) -> Vec<String> {
+        self.instances
+            .iter()
+            .filter(|(_, s)| **s == service)
+            .map(|(instance, _)| self.log(instance))
+            .collect()
+    }
+
+    /// The HTTP client and the order API's base URL, for work in a task of its own.
+    pub fn api(&self) -> (reqwest::Client, String) {
+        (self.http.clone(), self.api_url(""))
     }
 
     pub fn api_url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.ports[ORDER_SERVICE])
+    }
+
+    /// The consumer group of `service`, the topic it consumes, and its dead-letter topic.
+    pub fn subscription(&self, service: &str) -> (String, String, String) {
+        let topics = &self.kafka.topics;
+        let topic = match service {
+            ORDER_SERVICE => topics.payments.clone(),
+            PAYMENT_SERVICE | NOTIFICATION_SERVICE => topics.orders.clone(),
+            other => panic!("no service {other}"),
+        };
+        let dead_letters = topics.dead_letter(&topic, service);
+        (topics.group(service), topic, dead_letters)
     }
 
     /// `POST /v1/orders` with `body` as JSON; returns status and JSON body.
@@ -197,6 +353,27 @@ impl Stack {
             .await
     }
 
+    /// Runs `redrive-dlq` (the workspace binary) on `dead_letter_topic`, with `group`
+    /// instead of its own if given; returns what it printed.
+    pub async fn redrive(&self, dead_letter_topic: &str, group: Option<&str>) -> String {
+        let mut command = Command::new(binary("redrive-dlq"));
+        command
+            .arg(dead_letter_topic)
+            .env("KAFKA_BROKERS", &self.kafka.brokers);
+        if let Some(group) = group {
+            command.args(["--group", group]);
+        }
+        let output = command.output().await.expect("redrive-dlq runs");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "redrive-dlq {dead_letter_topic}: {}\n{stdout}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    }
+
     /// Waits until `service`'s consumer group has committed everything on `topic`.
     pub async fn caught_up(&self, service: &str, topic: &str) {
         let group = self.kafka.topics.group(service);
@@ -221,6 +398,16 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// How a process ended, in words: `signal 6 (SIGABRT)` or `exit status 1`.
+pub fn describe_exit(status: ExitStatus) -> String {
+    match status.signal() {
+        Some(6) => "signal 6 (SIGABRT)".to_owned(),
+        Some(9) => "signal 9 (SIGKILL)".to_owned(),
+        Some(signal) => format!("signal {signal}"),
+        None => status.to_string(),
+    }
+}
+
 /// The service binary next to this test's own target folder.
 fn binary(service: &str) -> PathBuf {
     let test_exe = std::env::current_exe().expect("the test binary's path");
@@ -238,10 +425,10 @@ fn binary(service: &str) -> PathBuf {
     path
 }
 
-/// Each service's log goes to `target/e2e-logs/<namespace><service>.log`, kept for
-/// reading after a failure. A restarted service appends to its log.
-fn log_file(namespace: &str, service: &str) -> std::fs::File {
-    let path = log_path(namespace, service);
+/// Each instance's log goes to `target/e2e-logs/<namespace><instance>.log`, kept for
+/// reading after a failure. A restarted instance appends to its log.
+fn log_file(namespace: &str, instance: &str) -> std::fs::File {
+    let path = log_path(namespace, instance);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::OpenOptions::new()
         .create(true)
@@ -250,8 +437,8 @@ fn log_file(namespace: &str, service: &str) -> std::fs::File {
         .unwrap()
 }
 
-fn log_path(namespace: &str, service: &str) -> PathBuf {
-    let target = binary(service)
+fn log_path(namespace: &str, instance: &str) -> PathBuf {
+    let target = binary(ORDER_SERVICE)
         .parent()
         .unwrap()
         .parent()
@@ -259,5 +446,5 @@ fn log_path(namespace: &str, service: &str) -> PathBuf {
         .to_owned();
     target
         .join("e2e-logs")
-        .join(format!("{namespace}{service}.log"))
+        .join(format!("{namespace}{instance}.log"))
 }

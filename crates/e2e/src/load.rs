@@ -1,0 +1,158 @@
+//! Orders placed in the background at a steady rate through the real API, while a
+//! scenario injects its faults.
+//!
+//! An order refused because the service is down or restarting (connection refused, 503
+//! while the database is down) is offered again until it is accepted: "refused" is a
+//! promise that nothing was stored. A request cut off mid-flight (the service killed
+//! while answering) is offered again too; the first attempt may have been stored, so the
+//! database may hold orders the load never heard back about. The checks take every order
+//! in the database as the truth and [`Load::finish`]'s list as the orders that must not
+//! be lost.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::{KEYBOARD, Stack};
+
+/// Every `CANCELLED_EVERY`th order is for 100 keyboards, over the payment limit: the saga
+/// cancels it. The others are confirmed.
+pub const CANCELLED_EVERY: usize = 8;
+
+pub struct Load {
+    accepted: Arc<Mutex<Vec<Uuid>>>,
+    /// Attempts refused or cut off, then offered again.
+    retried: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+    /// How many orders the load places in all.
+    pub orders: usize,
+    /// Orders offered per second.
+    pub rate: u32,
+}
+
+impl Load {
+    /// Starts placing `orders` orders at `rate` per second.
+    pub fn start(stack: &Stack, orders: usize, rate: u32) -> Self {
+        let (http, base) = stack.api();
+        let accepted = Arc::new(Mutex::new(Vec::with_capacity(orders)));
+        let retried = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(place(
+            http,
+            base,
+            orders,
+            rate,
+            accepted.clone(),
+            retried.clone(),
+        ));
+        Self {
+            accepted,
+            retried,
+            task,
+            orders,
+            rate,
+        }
+    }
+
+    /// Orders accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.lock().unwrap().len()
+    }
+
+    pub fn retried(&self) -> usize {
+        self.retried.load(Ordering::Relaxed)
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits until `n` orders have been accepted.
+    pub async fn reached(&self, n: usize) {
+        saga_testkit::eventually(
+            Duration::from_secs(600),
+            &format!("{n} orders to be accepted"),
+            || async move { (self.accepted() >= n || self.is_finished()).then_some(()) },
+        )
+        .await;
+    }
+
+    /// Waits for the last order to be accepted; returns every accepted order's id.
+    pub async fn finish(self) -> Vec<Uuid> {
+        self.task.await.expect("the load does not panic");
+        let accepted = self.accepted.lock().unwrap();
+        accepted.clone()
+    }
+}
+
+async fn place(
+    http: reqwest::Client,
+    base: String,
+    orders: usize,
+    rate: u32,
+    accepted: Arc<Mutex<Vec<Uuid>>>,
+    retried: Arc<AtomicUsize>,
+) {
+    let url = format!("{base}/v1/orders");
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for i in 0..orders {
+        let quantity = if i % CANCELLED_EVERY == CANCELLED_EVERY - 1 {
+            100
+        } else {
+            1 + (i % 3) as i32
+        };
+        let body = json!({
+            "customer_id": format!("cust-{}", i % 50),
+            "items": [{ "product_id": KEYBOARD, "quantity": quantity }],
+        });
+        loop {
+            ticks.tick().await;
+            match offer(&http, &url, &body).await {
+                Offer::Accepted(id) => {
+                    accepted.lock().unwrap().push(id);
+                    break;
+                }
+                Offer::Refused => {
+                    retried.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+enum Offer {
+    Accepted(Uuid),
+    Refused,
+}
+
+async fn offer(http: &reqwest::Client, url: &str, body: &Value) -> Offer {
+    let response = match http
+        .post(url)
+        .json(body)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+    {
+        Ok(response) => response,
+        // Down, restarting, or killed while answering.
+        Err(_) => return Offer::Refused,
+    };
+    let status = response.status().as_u16();
+    match status {
+        201 => match response.json::<Value>().await {
+            Ok(body) => Offer::Accepted(body["id"].as_str().unwrap().parse().unwrap()),
+            // Cut off while answering: stored, but its id never arrived.
+            Err(_) => Offer::Refused,
+        },
+        // The database is down; nothing was stored.
+        503 => Offer::Refused,
+        other => panic!(
+            "POST /v1/orders answered {other}: {}",
+            response.text().await.unwrap_or_default()
+        ),
+    }
+}
