@@ -1,0 +1,95 @@
+//! The benchmark's databases: three per set (orders, payments, notifications), made
+//! fresh for every run under their own names, so the demo stack's databases (which the
+//! walkthrough and the tests reset) are never touched.
+
+use anyhow::Context as _;
+use tokio_postgres::Client;
+
+use crate::sql::Database;
+
+/// One set of the saga's three databases, named `<prefix>orders` and so on.
+#[derive(Debug, Clone)]
+pub struct Databases {
+    /// `postgres://user:password@host:port`, without a database.
+    server: String,
+    prefix: String,
+}
+
+impl Databases {
+    pub fn new(server: &str, prefix: &str) -> Self {
+        Self {
+            server: server.trim_end_matches('/').to_owned(),
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    pub fn name(&self, database: Database) -> String {
+        let base = match database {
+            Database::Orders => "orders",
+            Database::Payments => "payments",
+            Database::Notifications => "notifications",
+        };
+        format!("{}{base}", self.prefix)
+    }
+
+    pub fn url(&self, database: Database) -> String {
+        format!("{}/{}", self.server, self.name(database))
+    }
+
+    pub async fn connect(&self, database: Database) -> anyhow::Result<Client> {
+        connect(&self.url(database)).await
+    }
+
+    /// Drops and recreates the three databases, empty.
+    pub async fn recreate(&self) -> anyhow::Result<()> {
+        let admin = connect(&format!("{}/postgres", self.server)).await?;
+        for database in [
+            Database::Orders,
+            Database::Payments,
+            Database::Notifications,
+        ] {
+            let name = self.name(database);
+            // Two calls: a multi-statement string is one transaction, which DROP DATABASE refuses.
+            for statement in [
+                format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
+                format!("CREATE DATABASE \"{name}\""),
+            ] {
+                admin
+                    .batch_execute(&statement)
+                    .await
+                    .with_context(|| format!("recreating database {name}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies each service's migrations, as the service itself does at start.
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        saga::db::migrate(
+            &self.url(Database::Orders),
+            order_service::migrations,
+            order_service::HISTORY_TABLE,
+        )
+        .await?;
+        saga::db::migrate(
+            &self.url(Database::Payments),
+            payment_service::migrations,
+            payment_service::HISTORY_TABLE,
+        )
+        .await?;
+        saga::db::migrate(
+            &self.url(Database::Notifications),
+            notification_service::migrations,
+            notification_service::HISTORY_TABLE,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+pub async fn connect(url: &str) -> anyhow::Result<Client> {
+    let config = saga::db::parse_url(url)?;
+    saga::db::connect(&config)
+        .await
+        .with_context(|| format!("connecting to {url}"))
+}

@@ -1,0 +1,249 @@
+//! The load generator: places orders through `POST /v1/orders`, closed-loop (a fixed
+//! number of clients, each placing its next order when the last one answered) or
+//! open-loop (orders started at a fixed rate whatever the answers, as real customers do).
+//!
+//! Every order of a run carries the run's tag as its `customer_id`, so what happened to
+//! those orders afterwards can be read back from the databases by tag. Open-loop latency
+//! is measured from when a request was *due*, not when it went out, so a stalled server
+//! is not hidden by the generator waiting for it (coordinated omission).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use time::OffsetDateTime;
+use tokio::sync::Mutex;
+
+/// How orders are offered.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Shape {
+    /// `concurrency` clients, each with one order in flight.
+    Closed { concurrency: u32 },
+    /// `rate` orders per second started on schedule.
+    Open { rate: f64 },
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Shape::Closed { concurrency } => write!(f, "closed c={concurrency}"),
+            Shape::Open { rate } => write!(f, "open {rate:.0}/s"),
+        }
+    }
+}
+
+/// What one run of the generator saw from the client side.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadResult {
+    pub shape: Shape,
+    pub tag: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    pub seconds: f64,
+    /// Orders answered `201 Created`.
+    pub placed: u64,
+    /// Requests answered otherwise, or not at all.
+    pub failed: u64,
+    /// Open loop: requests not started because too many were still in flight.
+    pub skipped: u64,
+    /// `POST` latency of the placed orders, in microseconds, sorted.
+    #[serde(skip)]
+    pub post_latencies_us: Vec<u64>,
+}
+
+impl LoadResult {
+    pub fn placed_per_second(&self) -> f64 {
+        self.placed as f64 / self.seconds
+    }
+}
+
+/// Requests one open-loop run keeps in flight at most; past it the server is not
+/// keeping up and more requests would only measure the generator's own queue.
+const MAX_IN_FLIGHT: u64 = 2_000;
+
+pub struct LoadGenerator {
+    client: reqwest::Client,
+    url: String,
+}
+
+/// The demo's order: two keyboards, 25.98, under the payment limit, so it is confirmed.
+pub fn order_body(tag: &str) -> String {
+    serde_json::json!({
+        "customer_id": tag,
+        "items": [{"product_id": "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21", "quantity": 2}],
+    })
+    .to_string()
+}
+
+impl LoadGenerator {
+    /// `base` is the order API, e.g. `http://127.0.0.1:8080`.
+    pub fn new(base: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .pool_max_idle_per_host(usize::MAX)
+                .tcp_nodelay(true)
+                .build()?,
+            url: format!("{}/v1/orders", base.trim_end_matches('/')),
+        })
+    }
+
+    async fn place(&self, body: &str) -> bool {
+        match self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+        {
+            Ok(response) => response.status() == reqwest::StatusCode::CREATED,
+            Err(_) => false,
+        }
+    }
+
+    /// Offers orders shaped `shape` for `duration`, then waits for the answers still due.
+    pub async fn run(self: &Arc<Self>, shape: Shape, duration: Duration, tag: &str) -> LoadResult {
+        self.offer(shape, duration, None, tag).await
+    }
+
+    /// Places `count` orders as fast as `shape` (closed) allows; the rate is over the
+    /// time it took.
+    pub async fn run_count(self: &Arc<Self>, shape: Shape, count: u64, tag: &str) -> LoadResult {
+        self.offer(shape, Duration::from_secs(600), Some(count), tag)
+            .await
+    }
+
+    async fn offer(
+        self: &Arc<Self>,
+        shape: Shape,
+        duration: Duration,
+        limit: Option<u64>,
+        tag: &str,
+    ) -> LoadResult {
+        let body: Arc<str> = order_body(tag).into();
+        let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
+        let failed = Arc::new(AtomicU64::new(0));
+        let remaining = Arc::new(AtomicU64::new(limit.unwrap_or(u64::MAX)));
+        let started_at = OffsetDateTime::now_utc();
+        let start = Instant::now();
+        let deadline = start + duration;
+        let mut skipped = 0;
+        match shape {
+            Shape::Closed { concurrency } => {
+                let mut clients = tokio::task::JoinSet::new();
+                for _ in 0..concurrency {
+                    let generator = self.clone();
+                    let body = body.clone();
+                    let latencies = latencies.clone();
+                    let failed = failed.clone();
+                    let remaining = remaining.clone();
+                    clients.spawn(async move {
+                        let mut mine = Vec::new();
+                        while Instant::now() < deadline
+                            && remaining
+                                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok()
+                        {
+                            let sent = Instant::now();
+                            if generator.place(&body).await {
+                                mine.push(sent.elapsed().as_micros() as u64);
+                            } else {
+                                // Not placed: another try is owed.
+                                remaining.fetch_add(1, Ordering::Relaxed);
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                // A refused order comes back fast; do not spin on it.
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                        }
+                        latencies.lock().await.extend(mine);
+                    });
+                }
+                while clients.join_next().await.is_some() {}
+            }
+            Shape::Open { rate } => {
+                let in_flight = Arc::new(AtomicU64::new(0));
+                let mut requests = tokio::task::JoinSet::new();
+                let interval = Duration::from_secs_f64(1.0 / rate);
+                let mut due = start;
+                while due < deadline {
+                    tokio::time::sleep_until(due.into()).await;
+                    if in_flight.load(Ordering::Relaxed) >= MAX_IN_FLIGHT {
+                        skipped += 1;
+                    } else {
+                        in_flight.fetch_add(1, Ordering::Relaxed);
+                        let generator = self.clone();
+                        let body = body.clone();
+                        let latencies = latencies.clone();
+                        let failed = failed.clone();
+                        let in_flight = in_flight.clone();
+                        requests.spawn(async move {
+                            if generator.place(&body).await {
+                                let latency = due.elapsed().as_micros() as u64;
+                                latencies.lock().await.push(latency);
+                            } else {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                            }
+                            in_flight.fetch_sub(1, Ordering::Relaxed);
+                        });
+                    }
+                    // Reap finished requests as we go, so the set stays small.
+                    while requests.try_join_next().is_some() {}
+                    due += interval;
+                }
+                while requests.join_next().await.is_some() {}
+            }
+        }
+        // The offered window, not the tail of answers after it.
+        let seconds = duration
+            .as_secs_f64()
+            .min(start.elapsed().as_secs_f64())
+            .max(0.001);
+        let mut post_latencies_us = std::mem::take(&mut *latencies.lock().await);
+        post_latencies_us.sort_unstable();
+        LoadResult {
+            shape,
+            tag: tag.to_owned(),
+            started_at,
+            seconds,
+            placed: post_latencies_us.len() as u64,
+            failed: failed.load(Ordering::Relaxed),
+            skipped,
+            post_latencies_us,
+        }
+    }
+}
+
+/// The `q`-quantile (0..=1) of sorted `values`, nearest rank.
+pub fn quantile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let values: Vec<u64> = (1..=100).collect();
+        assert_eq!(quantile(&values, 0.5), Some(50));
+        assert_eq!(quantile(&values, 0.99), Some(99));
+        assert_eq!(quantile(&values, 1.0), Some(100));
+        assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn the_order_body_is_what_the_api_takes() {
+        let body: serde_json::Value = serde_json::from_str(&order_body("bench-x")).unwrap();
+        assert_eq!(body["customer_id"], "bench-x");
+        assert_eq!(body["items"][0]["quantity"], 2);
+    }
+}

@@ -1,0 +1,253 @@
+//! The services as processes: started from the release binaries with the environment
+//! `scripts/up` gives them, stopped with SIGTERM as `scripts/stop-services` does, and
+//! measured from `/proc` (CPU time, peak resident memory).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde::Serialize;
+use tokio::process::{Child, Command};
+
+/// One service of the saga, as the benchmark runs it.
+#[derive(Debug, Clone)]
+pub struct ServiceSpec {
+    pub name: &'static str,
+    pub database_url: String,
+    pub port: u16,
+}
+
+/// Settings every service gets, as in `scripts/up`.
+#[derive(Debug, Clone)]
+pub struct StackEnv {
+    pub bin_dir: PathBuf,
+    pub brokers: String,
+    pub namespace: String,
+    pub log_dir: PathBuf,
+    pub rust_log: String,
+    /// Extra variables for every service (e.g. `DATABASE_POOL_SIZE`), passed through.
+    pub extra: Vec<(String, String)>,
+}
+
+/// A service the benchmark started, with what it has used so far.
+pub struct Running {
+    pub spec: ServiceSpec,
+    child: Child,
+    pub pid: u32,
+    /// CPU ticks at the last [`Running::mark`].
+    mark: u64,
+}
+
+/// CPU seconds and memory of one service over one phase.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    /// Peak resident set since the process started (VmHWM), in KiB.
+    pub peak_rss_kib: u64,
+}
+
+impl Running {
+    pub async fn start(spec: &ServiceSpec, env: &StackEnv) -> anyhow::Result<Self> {
+        let log_path = env.log_dir.join(format!("{}.log", spec.name));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let binary = env.bin_dir.join(spec.name);
+        let mut command = Command::new(&binary);
+        command
+            .env("DATABASE_URL", &spec.database_url)
+            .env("KAFKA_BROKERS", &env.brokers)
+            .env("KAFKA_NAMESPACE", &env.namespace)
+            .env("HTTP_ADDR", format!("127.0.0.1:{}", spec.port))
+            .env("RUST_LOG", &env.rust_log)
+            .envs(env.extra.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let pid = child.id().context("a just-started child has a pid")?;
+        let mut running = Self {
+            spec: spec.clone(),
+            child,
+            pid,
+            mark: 0,
+        };
+        running.wait_healthy(Duration::from_secs(60)).await?;
+        running.mark = cpu_ticks(pid).unwrap_or(0);
+        Ok(running)
+    }
+
+    async fn wait_healthy(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let url = format!("http://127.0.0.1:{}/health", self.spec.port);
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("{} exited during start-up ({status})", self.spec.name);
+            }
+            let healthy = client
+                .get(&url)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if healthy {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{} not healthy after {timeout:?} at {url}", self.spec.name);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// CPU used since the last mark, and the peak memory so far; starts a new mark.
+    pub fn usage_since_mark(&mut self, tick_hz: f64) -> Usage {
+        let now = cpu_ticks(self.pid).unwrap_or(self.mark);
+        let used = now.saturating_sub(self.mark);
+        self.mark = now;
+        Usage {
+            cpu_seconds: used as f64 / tick_hz,
+            peak_rss_kib: status_kib(self.pid, "VmHWM").unwrap_or(0),
+        }
+    }
+
+    /// SIGTERM, as an operator would: the service finishes the record in hand, commits
+    /// its offsets and exits. Killed if it has not exited in 30 s.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        // No signal API without unsafe code; kill(1) sends it.
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status()
+            .await?;
+        if !status.success() {
+            bail!("kill -TERM {} failed", self.pid);
+        }
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(exit) => {
+                let exit = exit?;
+                if !exit.success() {
+                    bail!("{} exited with {exit} after SIGTERM", self.spec.name);
+                }
+                Ok(())
+            }
+            Err(_) => {
+                self.child.kill().await?;
+                bail!("{} ignored SIGTERM for 30 s; killed", self.spec.name)
+            }
+        }
+    }
+}
+
+/// utime + stime of a process, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; the fields follow the last `)`.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); the first after `)` is field 3.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// A `kB` line of /proc/<pid>/status, such as VmHWM or VmRSS.
+pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|line| {
+        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 on every Linux in practice).
+pub fn tick_hz() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// The whole machine's busy and total jiffies (first line of /proc/stat).
+pub fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let values: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let total: u64 = values.iter().take(8).sum();
+    // idle + iowait
+    let idle = values.get(3)? + values.get(4).unwrap_or(&0);
+    Some((total - idle, total))
+}
+
+/// `/proc/loadavg`'s three averages.
+pub fn load_average() -> [f64; 3] {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut values = text
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(f64::NAN));
+    [
+        values.next().unwrap_or(f64::NAN),
+        values.next().unwrap_or(f64::NAN),
+        values.next().unwrap_or(f64::NAN),
+    ]
+}
+
+/// How the saga's log lines say each event went, counted per outcome
+/// (`applied`, `duplicate`, `guarded`, `ignored`).
+pub fn outcomes_in_log(path: &Path) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return counts;
+    };
+    for line in text.lines() {
+        if let Some(rest) = line.split("outcome=\"").nth(1)
+            && let Some(outcome) = rest.split('"').next()
+        {
+            *counts.entry(outcome.to_owned()).or_default() += 1;
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let pid = std::process::id();
+        assert!(cpu_ticks(pid).is_some());
+        assert!(status_kib(pid, "VmHWM").unwrap() > 0);
+        assert!(status_kib(pid, "NoSuchKey").is_none());
+    }
+
+    #[test]
+    fn outcomes_are_counted_from_log_lines() {
+        let path = std::env::temp_dir().join(format!("bench-log-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "… event handled event_type=order.created outcome=\"applied\"\n\
+             … event handled event_type=order.created outcome=\"duplicate\"\n\
+             … event handled event_type=order.created outcome=\"applied\"\n\
+             … consumer started\n",
+        )
+        .unwrap();
+        let counts = outcomes_in_log(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(counts.get("applied"), Some(&2));
+        assert_eq!(counts.get("duplicate"), Some(&1));
+    }
+}

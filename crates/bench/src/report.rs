@@ -1,0 +1,476 @@
+//! The result of a run: one JSON document, a markdown table and a PNG chart.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::load::LoadResult;
+use crate::measure::{Drain, Effects, Percentiles, StepOutcome};
+use crate::pgbench::Ceiling;
+use crate::procs::Usage;
+
+/// Where the run happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub kernel: String,
+    pub postgres: String,
+    pub kafka: String,
+    /// PostgreSQL and Kafka run on this machine, next to the services and the load.
+    pub same_box: bool,
+}
+
+impl Machine {
+    pub fn describe(postgres: String, kafka: String, same_box: bool) -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map_or_else(|| "unknown".to_owned(), |(_, m)| m.trim().to_owned());
+        let memory_kib: f64 = std::fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap_or(f64::NAN);
+        Self {
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu_model,
+            memory_gib: memory_kib / 1024.0 / 1024.0,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            postgres,
+            kafka,
+            same_box,
+        }
+    }
+}
+
+/// One load step: what was offered, what the client saw, what the saga did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub name: String,
+    /// Orders per second offered: the open loop's rate, or what the closed loop placed.
+    pub offered_per_second: f64,
+    pub load: LoadResult,
+    pub post_ms: Percentiles,
+    pub outcome: StepOutcome,
+    /// The saga kept up: it confirmed and notified at least 95% of the rate orders were
+    /// placed at, and the last order was confirmed within 2 s of the last POST.
+    pub sustained: bool,
+    pub usage: BTreeMap<String, Usage>,
+    /// Share of the whole machine busy during the step (all cores), in percent.
+    pub machine_busy_percent: f64,
+    pub load_average: [f64; 3],
+}
+
+/// Each transaction at full speed with a backlog waiting for it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Capacity {
+    pub orders: u32,
+    /// `POST /v1/orders` alone (no consumer or relay working), orders per second.
+    pub create: Drain,
+    pub charge: Drain,
+    pub apply: Drain,
+    pub notify: Drain,
+    /// Relay publishing a backlog, per database.
+    pub relay_orders_created: Drain,
+    pub relay_payments: Drain,
+    pub relay_outcomes: Drain,
+    pub relay_notifications: Drain,
+    pub usage: BTreeMap<String, BTreeMap<String, Usage>>,
+    pub load_average: [f64; 3],
+}
+
+/// A measured rate against its ceiling, and the target if the issue sets one.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub what: String,
+    pub measured: f64,
+    pub ceiling: f64,
+    pub ratio: f64,
+    pub target: Option<f64>,
+    pub met: Option<bool>,
+}
+
+impl Ratio {
+    pub fn new(what: impl Into<String>, measured: f64, ceiling: f64, target: Option<f64>) -> Self {
+        let ratio = measured / ceiling;
+        Self {
+            what: what.into(),
+            measured,
+            ceiling,
+            ratio,
+            target,
+            met: target.map(|t| ratio >= t),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceSummary {
+    pub cpu_seconds: f64,
+    pub peak_rss_mib: f64,
+    pub rss_target_mib: f64,
+    pub rss_met: bool,
+    /// Events the log says were applied, duplicates absorbed, late events guarded.
+    pub outcomes: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub mode: String,
+    pub command: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: time::OffsetDateTime,
+    pub machine: Machine,
+    pub settings: BTreeMap<String, String>,
+    pub steps: Vec<Step>,
+    /// Highest rate orders were confirmed and notified at in a step that kept up.
+    pub max_sustained_per_second: f64,
+    pub half_load_step: Option<String>,
+    pub capacity: Capacity,
+    pub ceilings: Vec<Ceiling>,
+    /// Orders per second pgbench's rates allow, all transactions of an order sharing one
+    /// server: 1 / Σ (transactions of that kind per order / its tps).
+    pub ceiling_orders_per_second: f64,
+    pub ratios: Vec<Ratio>,
+    pub services: BTreeMap<String, ServiceSummary>,
+    pub effects: Effects,
+    pub dead_letters: i64,
+    pub load_average_at_end: [f64; 3],
+}
+
+/// A line of the chart: its label, colour, and value for a step.
+type Series = (&'static str, plotters::style::RGBColor, fn(&Step) -> f64);
+
+fn fmt(value: f64) -> String {
+    if value.is_nan() {
+        "–".into()
+    } else if value >= 100.0 {
+        format!("{value:.0}")
+    } else if value >= 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+fn loads(load: &[f64; 3]) -> String {
+    format!("{:.2} {:.2} {:.2}", load[0], load[1], load[2])
+}
+
+impl Report {
+    pub fn markdown(&self) -> String {
+        let mut md = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            md,
+            "Machine: {} CPUs ({}), {:.0} GiB, Linux {}; {}; Kafka {}; PostgreSQL and Kafka {} as the services and the load generator.\n",
+            m.cpus,
+            m.cpu_model,
+            m.memory_gib,
+            m.kernel,
+            m.postgres,
+            m.kafka,
+            if m.same_box {
+                "on the same machine"
+            } else {
+                "not on the same machine"
+            }
+        );
+        let _ = writeln!(md, "`{}` ({} mode)\n", self.command, self.mode);
+
+        md.push_str("| step | offered/s | placed/s | confirmed/s | notified/s | POST→confirmed p50 / p95 / p99 / max (ms) | →notified p50 / p99 (ms) | drain (s) | machine busy | load avg |\n");
+        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        for step in &self.steps {
+            let o = &step.outcome;
+            let _ = writeln!(
+                md,
+                "| {}{} | {} | {} | {} | {} | {} / {} / {} / {} | {} / {} | {} | {:.0}% | {} |",
+                step.name,
+                if step.sustained { "" } else { " (behind)" },
+                fmt(step.offered_per_second),
+                fmt(step.load.placed_per_second()),
+                fmt(o.confirmed.per_second),
+                fmt(o.notified.per_second),
+                fmt(o.to_confirmed_ms.p50),
+                fmt(o.to_confirmed_ms.p95),
+                fmt(o.to_confirmed_ms.p99),
+                fmt(o.to_confirmed_ms.max),
+                fmt(o.to_notified_ms.p50),
+                fmt(o.to_notified_ms.p99),
+                fmt(o.confirmed_drain_seconds),
+                step.machine_busy_percent,
+                loads(&step.load_average),
+            );
+        }
+
+        if let Some(step) = self
+            .half_load_step
+            .as_ref()
+            .and_then(|name| self.steps.iter().find(|s| &s.name == name))
+        {
+            let _ = writeln!(
+                md,
+                "\nWhere the time goes at half the highest sustained load ({}):\n",
+                step.name
+            );
+            md.push_str("| hop | p50 (ms) | p99 (ms) | max (ms) |\n|---|---:|---:|---:|\n");
+            for (hop, ms) in &step.outcome.hops_ms {
+                let _ = writeln!(
+                    md,
+                    "| {hop} | {} | {} | {} |",
+                    fmt(ms.p50),
+                    fmt(ms.p99),
+                    fmt(ms.max)
+                );
+            }
+        }
+
+        md.push_str("\n| measured against pgbench | measured/s | pgbench/s | ratio | target |\n");
+        md.push_str("|---|---:|---:|---:|---|\n");
+        for ratio in &self.ratios {
+            let target = match (ratio.target, ratio.met) {
+                (Some(t), Some(true)) => format!("≥ {:.0}% met", t * 100.0),
+                (Some(t), _) => format!("≥ {:.0}% **missed**", t * 100.0),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.0}% | {} |",
+                ratio.what,
+                fmt(ratio.measured),
+                fmt(ratio.ceiling),
+                ratio.ratio * 100.0,
+                target
+            );
+        }
+
+        md.push_str("\n| pgbench transaction | connections | tps | events/s | avg latency (ms) | load avg |\n");
+        md.push_str("|---|---:|---:|---:|---:|---|\n");
+        for c in &self.ceilings {
+            let _ = writeln!(
+                md,
+                "| {} ({}) | {} | {} | {} | {} | {} |",
+                c.name,
+                c.what,
+                c.connections,
+                fmt(c.tps),
+                fmt(c.events_per_second),
+                fmt(c.average_latency_ms),
+                loads(&c.load_average)
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nCeiling: {} orders/s. Max sustained end to end: {} orders/s.",
+            fmt(self.ceiling_orders_per_second),
+            fmt(self.max_sustained_per_second)
+        );
+
+        md.push_str("\n| service | CPU (s, whole run) | peak RSS (MiB) | ≤ 64 MiB | applied | duplicates absorbed | guarded |\n");
+        md.push_str("|---|---:|---:|---|---:|---:|---:|\n");
+        for (name, s) in &self.services {
+            let count = |k: &str| s.outcomes.get(k).copied().unwrap_or(0);
+            let _ = writeln!(
+                md,
+                "| {name} | {:.1} | {:.1} | {} | {} | {} | {} |",
+                s.cpu_seconds,
+                s.peak_rss_mib,
+                if s.rss_met { "met" } else { "**missed**" },
+                count("applied"),
+                count("duplicate"),
+                count("guarded"),
+            );
+        }
+        let e = &self.effects;
+        let _ = writeln!(
+            md,
+            "\nExactly once: {} orders, {} payments, {} outcomes, {} notifications; extra effects {}, missing {}, still pending {}, unpublished outbox rows {}, dead letters {}.",
+            e.orders,
+            e.payments,
+            e.outcome_events,
+            e.notifications,
+            e.extra_effects,
+            e.missing_effects,
+            e.still_pending,
+            e.unpublished,
+            self.dead_letters
+        );
+        let _ = writeln!(
+            md,
+            "Load average at the end: {}.",
+            loads(&self.load_average_at_end)
+        );
+        md
+    }
+
+    pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::write(path, serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Throughput and latency percentiles against offered load, side by side.
+    pub fn chart(&self, path: &Path, font: &Path) -> anyhow::Result<()> {
+        use plotters::prelude::*;
+
+        let bytes = std::fs::read(font).with_context(|| {
+            format!(
+                "reading the chart's font {} (apt-get install fonts-dejavu-core)",
+                font.display()
+            )
+        })?;
+        // Registered once per process; plotters keeps a 'static reference.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+            .map_err(|_| anyhow::anyhow!("{} is not a usable font", font.display()))?;
+
+        let mut steps: Vec<&Step> = self.steps.iter().collect();
+        steps.sort_by(|a, b| a.offered_per_second.total_cmp(&b.offered_per_second));
+        let max_x = steps
+            .iter()
+            .map(|s| s.offered_per_second)
+            .fold(1.0, f64::max)
+            * 1.1;
+        let max_y = steps
+            .iter()
+            .flat_map(|s| {
+                [
+                    s.outcome.confirmed.per_second,
+                    s.outcome.notified.per_second,
+                    s.load.placed_per_second(),
+                ]
+            })
+            .filter(|v| v.is_finite())
+            .fold(self.ceiling_orders_per_second.max(1.0), f64::max)
+            * 1.1;
+
+        let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let title = format!(
+            "order-saga, {} mode: {} CPUs, PostgreSQL + Kafka on the same machine",
+            self.mode, self.machine.cpus
+        );
+        let root = root.titled(&title, ("sans-serif", 22))?;
+        let (left, right) = root.split_horizontally(700);
+
+        let mut throughput = ChartBuilder::on(&left)
+            .caption("Throughput (orders/s)", ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..max_x, 0.0..max_y)?;
+        throughput
+            .configure_mesh()
+            .x_desc("offered load (orders/s)")
+            .y_desc("orders/s")
+            .draw()?;
+        let series: [Series; 3] = [
+            ("placed (POST 201)", RGBColor(120, 120, 120), |s| {
+                s.load.placed_per_second()
+            }),
+            ("confirmed", RGBColor(31, 119, 180), |s| {
+                s.outcome.confirmed.per_second
+            }),
+            ("notified", RGBColor(44, 160, 44), |s| {
+                s.outcome.notified.per_second
+            }),
+        ];
+        for (label, color, value) in series {
+            let points: Vec<(f64, f64)> = steps
+                .iter()
+                .map(|s| (s.offered_per_second, value(s)))
+                .filter(|(_, y)| y.is_finite())
+                .collect();
+            throughput
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            throughput.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+        }
+        let ceiling = self.ceiling_orders_per_second;
+        if ceiling.is_finite() {
+            let red = RGBColor(214, 39, 40);
+            throughput
+                .draw_series(LineSeries::new(
+                    vec![(0.0, ceiling), (max_x, ceiling)],
+                    red.stroke_width(1),
+                ))?
+                .label("pgbench ceiling")
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red));
+        }
+        throughput
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+
+        let max_latency = steps
+            .iter()
+            .map(|s| s.outcome.to_confirmed_ms.max)
+            .filter(|v| v.is_finite())
+            .fold(10.0, f64::max)
+            * 1.5;
+        let min_latency = steps
+            .iter()
+            .map(|s| s.outcome.to_confirmed_ms.p50)
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .fold(max_latency, f64::min)
+            / 1.5;
+        let mut latency = ChartBuilder::on(&right)
+            .caption("POST → confirmed latency (ms)", ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..max_x, (min_latency..max_latency).log_scale())?;
+        latency
+            .configure_mesh()
+            .x_desc("offered load (orders/s)")
+            .y_desc("ms (log)")
+            .draw()?;
+        let percentiles: [Series; 4] = [
+            ("p50", RGBColor(31, 119, 180), |s| {
+                s.outcome.to_confirmed_ms.p50
+            }),
+            ("p95", RGBColor(255, 127, 14), |s| {
+                s.outcome.to_confirmed_ms.p95
+            }),
+            ("p99", RGBColor(214, 39, 40), |s| {
+                s.outcome.to_confirmed_ms.p99
+            }),
+            ("max", RGBColor(120, 120, 120), |s| {
+                s.outcome.to_confirmed_ms.max
+            }),
+        ];
+        for (label, color, value) in percentiles {
+            let points: Vec<(f64, f64)> = steps
+                .iter()
+                .map(|s| (s.offered_per_second, value(s)))
+                .filter(|(_, y)| y.is_finite() && *y > 0.0)
+                .collect();
+            latency
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            latency.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+        }
+        latency
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    }
+}

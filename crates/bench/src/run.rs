@@ -1,0 +1,911 @@
+//! One benchmark run, start to finish:
+//!
+//! 1. **Load steps**, the whole saga running: closed loops overload it for a first
+//!    estimate of its rate; open loops ramp from there until one falls behind, which
+//!    finds the highest sustained rate; open loops at fractions of that give latency
+//!    against offered load (half of it is the issue's latency point).
+//! 2. **Capacity**, each transaction with a backlog waiting: orders are placed while
+//!    every consumer is stopped and the relay held back (the bench holds the relay's
+//!    advisory lock, as a standby relay would find it held), then each relay and each
+//!    consumer is let go in turn, so each one's rate is its own, not its input's.
+//! 3. **Ceiling**: pgbench runs each handler's SQL ([`crate::sql`]) on fresh databases
+//!    of the same schema at the services' connection counts.
+//!
+//! The saga's databases, topics and ports are the benchmark's own, fresh each run: the
+//! demo stack, the walkthrough and the tests never see them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use time::OffsetDateTime;
+use tokio_postgres::Client;
+
+use crate::db::Databases;
+use crate::load::{LoadGenerator, Shape};
+use crate::measure::{self, Work};
+use crate::pgbench;
+use crate::procs::{self, Running, ServiceSpec, StackEnv, Usage};
+use crate::report::{Capacity, Machine, Ratio, Report, ServiceSummary, Step};
+use crate::sql::{self, Database, Transaction};
+
+/// How long and how hard a run goes.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub mode: &'static str,
+    /// Closed-loop concurrencies, one step each. They overload the saga (the API takes
+    /// orders faster than the consumers finish them), which gives a first estimate of
+    /// its rate: what it confirms meanwhile.
+    pub closed: Vec<u32>,
+    /// Open-loop rates as multiples of that estimate, tried in turn until one falls
+    /// behind; the highest that kept up is the highest sustained rate.
+    pub ramp: Vec<f64>,
+    /// Open-loop rates as fractions of the highest sustained rate, for latency.
+    pub latency: Vec<f64>,
+    pub step: Duration,
+    /// Orders placed for the capacity phase.
+    pub backlog: u32,
+    pub pgbench: Duration,
+    /// Outbox rows made for pgbench's relay script.
+    pub relay_rows: u32,
+}
+
+impl Plan {
+    /// About a minute of load, for working on the code.
+    pub fn quick() -> Self {
+        Self {
+            mode: "quick",
+            closed: vec![8],
+            ramp: vec![1.0, 1.5],
+            latency: vec![0.5],
+            step: Duration::from_secs(10),
+            backlog: 1_500,
+            pgbench: Duration::from_secs(5),
+            relay_rows: 60_000,
+        }
+    }
+
+    /// The figures for the README: more steps, longer ones, a bigger backlog.
+    pub fn full() -> Self {
+        Self {
+            mode: "full",
+            closed: vec![2, 8, 32],
+            ramp: vec![0.75, 1.0, 1.25, 1.5, 2.0],
+            latency: vec![0.25, 0.5],
+            step: Duration::from_secs(30),
+            backlog: 6_000,
+            pgbench: Duration::from_secs(15),
+            relay_rows: 200_000,
+        }
+    }
+}
+
+/// Where things are and what the services are given.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub bin_dir: PathBuf,
+    /// `postgres://user:password@host:port`
+    pub postgres: String,
+    pub brokers: String,
+    pub partitions: i32,
+    pub pool_size: u32,
+    pub first_port: u16,
+    pub out: PathBuf,
+    pub font: PathBuf,
+    pub kafka_version: String,
+    pub command: String,
+    pub rust_log: String,
+}
+
+const SERVICES: [&str; 3] = ["order-service", "payment-service", "notification-service"];
+/// The peak resident memory the issue allows each service.
+const RSS_TARGET_MIB: f64 = 64.0;
+/// A step whose last order is confirmed later than this after the last POST fell behind.
+const SUSTAINED_DRAIN: f64 = 2.0;
+/// A step that confirmed and notified less than this share of the orders placed per
+/// second fell behind, however short the step was.
+const KEPT_UP: f64 = 0.95;
+
+struct Stack {
+    env: StackEnv,
+    specs: BTreeMap<&'static str, ServiceSpec>,
+    running: BTreeMap<&'static str, Running>,
+    tick_hz: f64,
+    /// CPU seconds and peak RSS per service over the whole run (restarts included).
+    totals: BTreeMap<&'static str, Usage>,
+}
+
+impl Stack {
+    async fn start(&mut self, name: &'static str) -> anyhow::Result<()> {
+        let running = Running::start(&self.specs[name], &self.env).await?;
+        self.running.insert(name, running);
+        Ok(())
+    }
+
+    async fn start_all(&mut self) -> anyhow::Result<()> {
+        for name in SERVICES {
+            if !self.running.contains_key(name) {
+                self.start(name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn stop(&mut self, name: &'static str) -> anyhow::Result<()> {
+        if let Some(mut running) = self.running.remove(name) {
+            self.account(name, running.usage_since_mark(self.tick_hz));
+            running.stop().await?;
+        }
+        Ok(())
+    }
+
+    async fn stop_all(&mut self) -> anyhow::Result<()> {
+        for name in SERVICES {
+            self.stop(name).await?;
+        }
+        Ok(())
+    }
+
+    fn account(&mut self, name: &'static str, usage: Usage) {
+        let total = self.totals.entry(name).or_default();
+        total.cpu_seconds += usage.cpu_seconds;
+        total.peak_rss_kib = total.peak_rss_kib.max(usage.peak_rss_kib);
+    }
+
+    /// Each running service's usage since the last call, added to the run's totals.
+    fn usage(&mut self) -> BTreeMap<String, Usage> {
+        let mut phase = BTreeMap::new();
+        let names: Vec<&'static str> = self.running.keys().copied().collect();
+        for name in names {
+            let usage = self
+                .running
+                .get_mut(name)
+                .expect("listed above")
+                .usage_since_mark(self.tick_hz);
+            self.account(name, usage.clone());
+            phase.insert(name.to_owned(), usage);
+        }
+        phase
+    }
+}
+
+/// Holds a relay back: while this session holds the relay's advisory lock, the service's
+/// relay waits as a standby and committed outbox rows pile up.
+struct RelayHold(Client);
+
+impl RelayHold {
+    async fn take(databases: &Databases, database: Database) -> anyhow::Result<Self> {
+        let client = databases.connect(database).await?;
+        client
+            .execute("SELECT pg_advisory_lock($1)", &[&sql::relay_lock()?])
+            .await?;
+        Ok(Self(client))
+    }
+
+    /// Ends the session, which releases the lock; the standby relay takes over at its
+    /// next look (`OUTBOX_POLL_INTERVAL_MS`).
+    fn release(self) {
+        drop(self.0);
+    }
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn log(message: impl std::fmt::Display) {
+    let [one, five, fifteen] = procs::load_average();
+    eprintln!("[bench] {message}  (load average {one:.2} {five:.2} {fifteen:.2})");
+}
+
+/// Deletes the topics of earlier benchmark runs (`bench<digits>.…`), then creates this
+/// run's.
+async fn fresh_topics(settings: &Settings, namespace: &str) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &settings.brokers)
+        .create()?;
+    let metadata = admin
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(10))?;
+    let old: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .filter(|name| {
+            name.strip_prefix("bench").is_some_and(|rest| {
+                let digits = rest.chars().take_while(char::is_ascii_digit).count();
+                digits > 0 && rest[digits..].starts_with('.')
+            })
+        })
+        .collect();
+    if !old.is_empty() {
+        let names: Vec<&str> = old.iter().map(String::as_str).collect();
+        admin.delete_topics(&names, &AdminOptions::new()).await?;
+    }
+    let topics = saga::Topics::new(namespace).all();
+    saga::kafka::create_topics(&settings.brokers, &topics, settings.partitions).await
+}
+
+/// Records in this run's dead-letter topics: each one is an event the saga gave up on.
+fn dead_letters(settings: &Settings, namespace: &str) -> anyhow::Result<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &settings.brokers)
+        .set("group.id", format!("{namespace}bench-watermarks"))
+        .create()?;
+    let topics = saga::Topics::new(namespace);
+    let mut total = 0;
+    for (topic, service) in [
+        (&topics.orders, "payment-service"),
+        (&topics.payments, "order-service"),
+        (&topics.orders, "notification-service"),
+    ] {
+        let dlq = topics.dead_letter(topic, service);
+        for partition in 0..settings.partitions {
+            let (low, high) =
+                consumer.fetch_watermarks(&dlq, partition, Duration::from_secs(10))?;
+            total += high - low;
+        }
+    }
+    Ok(total)
+}
+
+async fn postgres_version(databases: &Databases) -> anyhow::Result<String> {
+    let client = databases.connect(Database::Orders).await?;
+    let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
+    Ok(format!(
+        "PostgreSQL {}",
+        version.split_whitespace().next().unwrap_or(&version)
+    ))
+}
+
+async fn load_step(
+    stack: &mut Stack,
+    generator: &Arc<LoadGenerator>,
+    databases: &Databases,
+    shape: Shape,
+    plan: &Plan,
+    name: String,
+    tag: String,
+) -> anyhow::Result<Step> {
+    log(format!("{name}: {shape} for {:?}", plan.step));
+    stack.usage();
+    let machine_before = procs::machine_ticks();
+    let load = generator.run(shape, plan.step, &tag).await;
+    let warmup = (plan.step / 5).min(Duration::from_secs(3));
+    let outcome = measure::step_outcome(databases, &tag, warmup, Duration::from_secs(120)).await?;
+    let machine_after = procs::machine_ticks();
+    let usage = stack.usage();
+    let machine_busy_percent = match (machine_before, machine_after) {
+        (Some((busy0, total0)), Some((busy1, total1))) if total1 > total0 => {
+            (busy1 - busy0) as f64 * 100.0 / (total1 - total0) as f64
+        }
+        _ => f64::NAN,
+    };
+    let offered_per_second = match shape {
+        Shape::Open { rate } => rate,
+        Shape::Closed { .. } => load.placed_per_second(),
+    };
+    let step = Step {
+        name,
+        offered_per_second,
+        post_ms: crate::measure::Percentiles::of_sorted_us(&load.post_latencies_us),
+        sustained: outcome.unfinished == 0
+            && load.failed == 0
+            && outcome.confirmed_drain_seconds <= SUSTAINED_DRAIN
+            && outcome
+                .confirmed
+                .per_second
+                .min(outcome.notified.per_second)
+                >= KEPT_UP * load.placed_per_second(),
+        load,
+        outcome,
+        usage,
+        machine_busy_percent,
+        load_average: procs::load_average(),
+    };
+    log(format!(
+        "{}: placed {:.0}/s, confirmed {:.0}/s, notified {:.0}/s, POST→confirmed p50 {:.1} ms p99 {:.1} ms, drain {:.2} s{}",
+        step.name,
+        step.load.placed_per_second(),
+        step.outcome.confirmed.per_second,
+        step.outcome.notified.per_second,
+        step.outcome.to_confirmed_ms.p50,
+        step.outcome.to_confirmed_ms.p99,
+        step.outcome.confirmed_drain_seconds,
+        if step.sustained { "" } else { " (fell behind)" },
+    ));
+    for (hop, ms) in &step.outcome.hops_ms {
+        eprintln!(
+            "[bench]     {hop}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            ms.p50, ms.p99, ms.max
+        );
+    }
+    Ok(step)
+}
+
+/// Phase 2: each transaction working through a backlog on its own.
+async fn capacity(
+    stack: &mut Stack,
+    generator: &Arc<LoadGenerator>,
+    databases: &Databases,
+    plan: &Plan,
+    pool_size: u32,
+    run_id: u64,
+) -> anyhow::Result<Capacity> {
+    let n = plan.backlog;
+    let expected = i64::from(n);
+    let timeout = Duration::from_secs(300);
+    let mut usage = BTreeMap::new();
+    stack.stop_all().await?;
+
+    log(format!(
+        "capacity: placing {n} orders with every consumer stopped and the orders relay held"
+    ));
+    let hold = RelayHold::take(databases, Database::Orders).await?;
+    stack.start("order-service").await?;
+    stack.usage();
+    let tag = format!("bench{run_id}-backlog");
+    let placed = generator
+        .run_count(
+            Shape::Closed {
+                concurrency: pool_size,
+            },
+            u64::from(n),
+            &tag,
+        )
+        .await;
+    usage.insert("create".to_owned(), stack.usage());
+    let create = crate::measure::Drain {
+        rows: placed.placed as i64,
+        seconds: placed.seconds,
+        per_second: placed.placed_per_second(),
+        batches: None,
+    };
+    log(format!(
+        "capacity: POST alone {:.0} orders/s",
+        create.per_second
+    ));
+
+    let since = measure::server_now(databases).await?;
+    hold.release();
+    let relay_orders_created = measure::drain(
+        databases,
+        Database::Orders,
+        Work::Published,
+        since,
+        expected,
+        timeout,
+    )
+    .await?;
+    usage.insert("relay order.created".to_owned(), stack.usage());
+    log(format!(
+        "capacity: relay published order.created at {:.0}/s",
+        relay_orders_created.per_second
+    ));
+
+    let hold = RelayHold::take(databases, Database::Payments).await?;
+    let since = measure::server_now(databases).await?;
+    stack.start("payment-service").await?;
+    let charge = measure::drain(
+        databases,
+        Database::Payments,
+        Work::Applied,
+        since,
+        expected,
+        timeout,
+    )
+    .await?;
+    usage.insert("charge".to_owned(), stack.usage());
+    log(format!("capacity: ChargeOrder {:.0}/s", charge.per_second));
+
+    // order-service would consume the payment results while they are published; stop it
+    // so its consumer later meets the whole backlog at once.
+    stack.stop("order-service").await?;
+    let since = measure::server_now(databases).await?;
+    hold.release();
+    let relay_payments = measure::drain(
+        databases,
+        Database::Payments,
+        Work::Published,
+        since,
+        expected,
+        timeout,
+    )
+    .await?;
+    usage.insert("relay payments".to_owned(), stack.usage());
+    log(format!(
+        "capacity: relay published payment results at {:.0}/s",
+        relay_payments.per_second
+    ));
+
+    let hold = RelayHold::take(databases, Database::Orders).await?;
+    let since = measure::server_now(databases).await?;
+    stack.start("order-service").await?;
+    let apply = measure::drain(
+        databases,
+        Database::Orders,
+        Work::Applied,
+        since,
+        expected,
+        timeout,
+    )
+    .await?;
+    usage.insert("apply".to_owned(), stack.usage());
+    log(format!(
+        "capacity: ApplyPaymentResult {:.0}/s",
+        apply.per_second
+    ));
+
+    let notifications_hold = RelayHold::take(databases, Database::Notifications).await?;
+    let since = measure::server_now(databases).await?;
+    hold.release();
+    let relay_outcomes = measure::drain(
+        databases,
+        Database::Orders,
+        Work::Published,
+        since,
+        expected,
+        timeout,
+    )
+    .await?;
+    usage.insert("relay outcomes".to_owned(), stack.usage());
+    log(format!(
+        "capacity: relay published outcomes at {:.0}/s",
+        relay_outcomes.per_second
+    ));
+
+    let since = measure::server_now(databases).await?;
+    stack.start("notification-service").await?;
+    let notify = measure::drain(
+        databases,
+        Database::Notifications,
+        Work::Applied,
+        since,
+        expected,
+        timeout,
+    )
+    .await?;
+    usage.insert("notify".to_owned(), stack.usage());
+    log(format!(
+        "capacity: NotifyCustomer {:.0}/s",
+        notify.per_second
+    ));
+
+    let since = measure::server_now(databases).await?;
+    notifications_hold.release();
+    let relay_notifications = measure::drain(
+        databases,
+        Database::Notifications,
+        Work::Published,
+        since,
+        expected,
+        timeout,
+    )
+    .await?;
+    usage.insert("relay notifications".to_owned(), stack.usage());
+    log(format!(
+        "capacity: relay published notification.sent at {:.0}/s",
+        relay_notifications.per_second
+    ));
+
+    Ok(Capacity {
+        orders: n,
+        create,
+        charge,
+        apply,
+        notify,
+        relay_orders_created,
+        relay_payments,
+        relay_outcomes,
+        relay_notifications,
+        usage,
+        load_average: procs::load_average(),
+    })
+}
+
+/// Phase 3: pgbench on fresh databases of the same schema.
+async fn ceilings(
+    settings: &Settings,
+    plan: &Plan,
+    ceiling_databases: &Databases,
+) -> anyhow::Result<Vec<pgbench::Ceiling>> {
+    let pgbench = pgbench::find_pgbench()?;
+    ceiling_databases.recreate().await?;
+    ceiling_databases.migrate().await?;
+    pgbench::prepare(ceiling_databases, plan.relay_rows).await?;
+    let scripts = pgbench::write_scripts(&settings.out.join("pgbench"))?;
+    let mut ceilings = Vec::new();
+    for (transaction, script) in &scripts {
+        // The connections each transaction has in the services: HTTP requests share the
+        // pool; a consumer applies one event per partition at a time; one relay.
+        let connections = match transaction.name {
+            "create" => settings.pool_size,
+            "relay" => 1,
+            _ => settings.partitions as u32,
+        };
+        log(format!(
+            "pgbench {} at {connections} connections",
+            transaction.name
+        ));
+        let ceiling = pgbench::run(
+            &pgbench,
+            ceiling_databases,
+            transaction,
+            script,
+            connections,
+            plan.pgbench,
+            plan.relay_rows,
+        )
+        .await?;
+        log(format!(
+            "pgbench {}: {:.0} tps ({:.0} events/s)",
+            ceiling.name, ceiling.tps, ceiling.events_per_second
+        ));
+        ceilings.push(ceiling);
+    }
+    Ok(ceilings)
+}
+
+pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
+    std::fs::create_dir_all(&settings.out)?;
+    let started_at = OffsetDateTime::now_utc();
+    let run_id = unix_seconds();
+    let namespace = format!("bench{run_id}.");
+    let databases = Databases::new(&settings.postgres, "bench_");
+    let ceiling_databases = Databases::new(&settings.postgres, "bench_ceiling_");
+    // Fail before any load if the handlers' SQL and the benchmark have drifted apart.
+    for transaction in Transaction::all() {
+        transaction.pgbench_script()?;
+    }
+    pgbench::find_pgbench()?;
+
+    log(format!(
+        "fresh databases bench_* and topics {namespace}*; results in {}",
+        settings.out.display()
+    ));
+    databases.recreate().await?;
+    fresh_topics(&settings, &namespace).await?;
+
+    let mut specs = BTreeMap::new();
+    for (i, (name, database)) in SERVICES
+        .into_iter()
+        .zip([
+            Database::Orders,
+            Database::Payments,
+            Database::Notifications,
+        ])
+        .enumerate()
+    {
+        specs.insert(
+            name,
+            ServiceSpec {
+                name,
+                database_url: databases.url(database),
+                port: settings.first_port + i as u16,
+            },
+        );
+    }
+    let mut stack = Stack {
+        env: StackEnv {
+            bin_dir: settings.bin_dir.clone(),
+            brokers: settings.brokers.clone(),
+            namespace: namespace.clone(),
+            log_dir: settings.out.clone(),
+            rust_log: settings.rust_log.clone(),
+            extra: vec![(
+                "DATABASE_POOL_SIZE".to_owned(),
+                settings.pool_size.to_string(),
+            )],
+        },
+        specs,
+        running: BTreeMap::new(),
+        tick_hz: procs::tick_hz(),
+        totals: BTreeMap::new(),
+    };
+    let result = run_phases(&settings, &plan, &mut stack, &databases, run_id).await;
+    // Whatever happened, leave no service of ours running.
+    let stopped = stack.stop_all().await;
+    let (steps, capacity) = result?;
+    stopped?;
+
+    let effects = measure::effects(&databases).await?;
+    let dead_letters = dead_letters(&settings, &namespace)?;
+    // The ceiling databases are made afresh for each try: a PostgreSQL restart (another
+    // test suite on this machine stops the cluster) ends pgbench's connections.
+    let mut tries = 0;
+    let ceilings = loop {
+        tries += 1;
+        match ceilings(&settings, &plan, &ceiling_databases).await {
+            Ok(ceilings) => break ceilings,
+            Err(error) if tries < 3 => {
+                log(format!(
+                    "pgbench phase failed, starting it again: {error:#}"
+                ));
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    };
+    let machine = Machine::describe(
+        postgres_version(&databases).await?,
+        settings.kafka_version.clone(),
+        is_local(&settings.postgres) && is_local(&settings.brokers),
+    );
+    Ok(assemble(
+        &settings,
+        &plan,
+        started_at,
+        machine,
+        steps,
+        capacity,
+        ceilings,
+        &stack,
+        effects,
+        dead_letters,
+    ))
+}
+
+fn is_local(address: &str) -> bool {
+    address.contains("127.0.0.1") || address.contains("localhost") || address.contains("[::1]")
+}
+
+async fn run_phases(
+    settings: &Settings,
+    plan: &Plan,
+    stack: &mut Stack,
+    databases: &Databases,
+    run_id: u64,
+) -> anyhow::Result<(Vec<Step>, Capacity)> {
+    log("starting the services (release builds)");
+    stack.start_all().await?;
+    let generator = Arc::new(LoadGenerator::new(&format!(
+        "http://127.0.0.1:{}",
+        settings.first_port
+    ))?);
+
+    // A few orders first: connections, consumer groups and caches warm, not measured.
+    generator
+        .run(
+            Shape::Closed { concurrency: 2 },
+            Duration::from_secs(2),
+            &format!("bench{run_id}-warmup"),
+        )
+        .await;
+    measure::step_outcome(
+        databases,
+        &format!("bench{run_id}-warmup"),
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await?;
+
+    let mut steps = Vec::new();
+    for &concurrency in &plan.closed {
+        let name = format!("closed c={concurrency}");
+        let tag = format!("bench{run_id}-closed{concurrency}");
+        let shape = Shape::Closed { concurrency };
+        steps.push(load_step(stack, &generator, databases, shape, plan, name, tag).await?);
+    }
+    let estimate = max_confirmed(&steps, |_| true);
+    log(format!(
+        "closed loops confirmed and notified up to {estimate:.0} orders/s; ramping open loops from there"
+    ));
+    for &factor in &plan.ramp {
+        let rate = (estimate * factor).max(1.0).round();
+        let name = format!("ramp {rate:.0}/s");
+        let tag = format!("bench{run_id}-ramp{rate:.0}");
+        let shape = Shape::Open { rate };
+        let step = load_step(stack, &generator, databases, shape, plan, name, tag).await?;
+        let behind = !step.sustained;
+        steps.push(step);
+        if behind {
+            break;
+        }
+    }
+    let max_sustained = max_sustained(&steps);
+    log(format!(
+        "highest sustained rate: {max_sustained:.0} orders/s"
+    ));
+    for &fraction in &plan.latency {
+        let rate = (max_sustained * fraction).max(1.0).round();
+        let name = format!("{:.0}% of max ({rate:.0}/s)", fraction * 100.0);
+        let tag = format!("bench{run_id}-latency{}", (fraction * 100.0) as u32);
+        let shape = Shape::Open { rate };
+        steps.push(load_step(stack, &generator, databases, shape, plan, name, tag).await?);
+    }
+
+    let capacity = capacity(
+        stack,
+        &generator,
+        databases,
+        plan,
+        settings.pool_size,
+        run_id,
+    )
+    .await?;
+    Ok((steps, capacity))
+}
+
+/// The highest rate orders were both confirmed and notified at, over `steps` that pass
+/// `filter`.
+fn max_confirmed(steps: &[Step], filter: impl Fn(&Step) -> bool) -> f64 {
+    steps
+        .iter()
+        .filter(|s| filter(s))
+        .map(|s| {
+            s.outcome
+                .confirmed
+                .per_second
+                .min(s.outcome.notified.per_second)
+        })
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max)
+}
+
+/// The highest rate of a step that kept up; if none did, the best rate seen.
+fn max_sustained(steps: &[Step]) -> f64 {
+    let sustained = max_confirmed(steps, |s| s.sustained);
+    if sustained > 0.0 {
+        sustained
+    } else {
+        max_confirmed(steps, |_| true)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    settings: &Settings,
+    plan: &Plan,
+    started_at: OffsetDateTime,
+    machine: Machine,
+    steps: Vec<Step>,
+    capacity: Capacity,
+    ceilings: Vec<pgbench::Ceiling>,
+    stack: &Stack,
+    effects: measure::Effects,
+    dead_letters: i64,
+) -> Report {
+    let rate = |name: &str| {
+        ceilings
+            .iter()
+            .find(|c| c.name == name)
+            .map_or(f64::NAN, |c| c.events_per_second)
+    };
+    // Per order: one create, charge, apply and notify, and four outbox rows published
+    // (order.created, payment result, outcome, notification.sent), all on one server.
+    let ceiling_orders_per_second = 1.0
+        / (1.0 / rate("create")
+            + 1.0 / rate("charge")
+            + 1.0 / rate("apply")
+            + 1.0 / rate("notify")
+            + 4.0 / rate("relay"));
+    let max_sustained_per_second = max_sustained(&steps);
+    let relay_best = [
+        &capacity.relay_orders_created,
+        &capacity.relay_payments,
+        &capacity.relay_outcomes,
+        &capacity.relay_notifications,
+    ]
+    .iter()
+    .map(|d| d.per_second)
+    .filter(|v| v.is_finite())
+    .fold(0.0, f64::max);
+    let connections = |name: &str| {
+        ceilings
+            .iter()
+            .find(|c| c.name == name)
+            .map_or(0, |c| c.connections)
+    };
+    let ratios = vec![
+        Ratio::new(
+            format!(
+                "payment-service consumer, ChargeOrder ({} conns)",
+                connections("charge")
+            ),
+            capacity.charge.per_second,
+            rate("charge"),
+            Some(0.70),
+        ),
+        Ratio::new(
+            format!(
+                "order-service consumer, ApplyPaymentResult ({} conns)",
+                connections("apply")
+            ),
+            capacity.apply.per_second,
+            rate("apply"),
+            Some(0.70),
+        ),
+        Ratio::new(
+            format!(
+                "notification-service consumer, NotifyCustomer ({} conns)",
+                connections("notify")
+            ),
+            capacity.notify.per_second,
+            rate("notify"),
+            Some(0.70),
+        ),
+        Ratio::new(
+            format!("POST /v1/orders alone ({} conns)", connections("create")),
+            capacity.create.per_second,
+            rate("create"),
+            None,
+        ),
+        Ratio::new(
+            "outbox relay, rows published (best of four, 1 conn)",
+            relay_best,
+            rate("relay"),
+            None,
+        ),
+        Ratio::new(
+            "end to end, orders confirmed and notified",
+            max_sustained_per_second,
+            ceiling_orders_per_second,
+            Some(0.50),
+        ),
+    ];
+
+    let mut services = BTreeMap::new();
+    for name in SERVICES {
+        let usage = stack.totals.get(name).cloned().unwrap_or_default();
+        let peak_rss_mib = usage.peak_rss_kib as f64 / 1024.0;
+        services.insert(
+            name.to_owned(),
+            ServiceSummary {
+                cpu_seconds: usage.cpu_seconds,
+                peak_rss_mib,
+                rss_target_mib: RSS_TARGET_MIB,
+                rss_met: peak_rss_mib <= RSS_TARGET_MIB,
+                outcomes: procs::outcomes_in_log(&settings.out.join(format!("{name}.log"))),
+            },
+        );
+    }
+
+    let half_load_step = steps
+        .iter()
+        .find(|s| s.name.starts_with("50% of max"))
+        .map(|s| s.name.clone());
+    let mut settings_map = BTreeMap::new();
+    settings_map.insert("partitions".into(), settings.partitions.to_string());
+    settings_map.insert("DATABASE_POOL_SIZE".into(), settings.pool_size.to_string());
+    settings_map.insert("RUST_LOG".into(), settings.rust_log.clone());
+    settings_map.insert("step_seconds".into(), plan.step.as_secs().to_string());
+    settings_map.insert("backlog_orders".into(), plan.backlog.to_string());
+    settings_map.insert("pgbench_seconds".into(), plan.pgbench.as_secs().to_string());
+    Report {
+        mode: plan.mode.to_owned(),
+        command: settings.command.clone(),
+        started_at,
+        machine,
+        settings: settings_map,
+        steps,
+        max_sustained_per_second,
+        half_load_step,
+        capacity,
+        ceilings,
+        ceiling_orders_per_second,
+        ratios,
+        services,
+        effects,
+        dead_letters,
+        load_average_at_end: procs::load_average(),
+    }
+}
+
+/// Writes `result.json`, `table.md` and `chart.png` into the run's folder.
+pub fn write(report: &Report, settings: &Settings) -> anyhow::Result<String> {
+    report.write_json(&settings.out.join("result.json"))?;
+    let table = report.markdown();
+    std::fs::write(settings.out.join("table.md"), &table)?;
+    report
+        .chart(&settings.out.join("chart.png"), &settings.font)
+        .context("drawing the chart")?;
+    Ok(table)
+}

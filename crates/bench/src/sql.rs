@@ -1,0 +1,718 @@
+//! The handlers' SQL, read out of their source files, and the pgbench scripts that run it.
+//!
+//! The ceiling the benchmark compares against must be the *same* transactions the services
+//! commit, not a retyped copy that drifts. So the source files are compiled in
+//! (`include_str!`) and parsed with `syn`: every string literal passed to `execute`,
+//! `query`, `query_one`, … inside a handler's function is one statement, in source order,
+//! and a call to `outbox::enqueue` stands for the outbox insert in `crates/saga/src/outbox.rs`.
+//! The handlers keep their SQL at the call site, where a reader of the guards sees it.
+//!
+//! What the code cannot say is which values a statement is run with; each transaction
+//! below gives one binding per statement, checked against the extracted statement (its
+//! opening words and its number of `$n` parameters). A statement added, removed or
+//! changed in a handler makes [`Transaction::pgbench_script`] fail, and the tests with it.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context as _, bail};
+use syn::visit::Visit;
+
+/// A source file the benchmark reads SQL from, by its path in the workspace.
+pub struct Source {
+    pub path: &'static str,
+    pub text: &'static str,
+}
+
+pub const ORDERS: Source = Source {
+    path: "crates/order-service/src/orders.rs",
+    text: include_str!("../../order-service/src/orders.rs"),
+};
+pub const APPLY_PAYMENT_RESULT: Source = Source {
+    path: "crates/order-service/src/apply_payment_result.rs",
+    text: include_str!("../../order-service/src/apply_payment_result.rs"),
+};
+pub const CHARGE_ORDER: Source = Source {
+    path: "crates/payment-service/src/charge_order.rs",
+    text: include_str!("../../payment-service/src/charge_order.rs"),
+};
+pub const NOTIFY_CUSTOMER: Source = Source {
+    path: "crates/notification-service/src/notify_customer.rs",
+    text: include_str!("../../notification-service/src/notify_customer.rs"),
+};
+pub const OUTBOX: Source = Source {
+    path: "crates/saga/src/outbox.rs",
+    text: include_str!("../../saga/src/outbox.rs"),
+};
+
+/// Every source file above, for the drift check.
+pub const SOURCES: [&Source; 5] = [
+    &ORDERS,
+    &APPLY_PAYMENT_RESULT,
+    &CHARGE_ORDER,
+    &NOTIFY_CUSTOMER,
+    &OUTBOX,
+];
+
+/// Functions in those files whose SQL is deliberately not benchmarked, and why.
+pub const NOT_BENCHMARKED: [(&str, &str); 2] = [
+    (
+        "find_order",
+        "GET /v1/orders/{id}: a read, not a step of the saga",
+    ),
+    (
+        "session",
+        "the relay's advisory lock, taken once per session, not per batch",
+    ),
+];
+
+/// Client methods whose first argument is a statement.
+const QUERY_METHODS: [&str; 9] = [
+    "execute",
+    "query",
+    "query_one",
+    "query_opt",
+    "query_raw",
+    "execute_raw",
+    "prepare",
+    "prepare_cached",
+    "batch_execute",
+];
+
+/// What one function of a source file does with the database, in source order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Extracted {
+    /// The statements, each as written in the source.
+    pub statements: Vec<String>,
+    /// Whether it opens a transaction (`client.transaction()`).
+    pub transactional: bool,
+}
+
+struct Collector {
+    statements: Vec<String>,
+    transactional: bool,
+    /// The outbox insert, spliced in where a handler calls `outbox::enqueue`.
+    enqueue: Option<Vec<String>>,
+}
+
+impl<'ast> Visit<'ast> for Collector {
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        // Receiver first: `client.transaction().await?.execute(…)` reads left to right.
+        self.visit_expr(&call.receiver);
+        let method = call.method.to_string();
+        if method == "transaction" {
+            self.transactional = true;
+        }
+        if QUERY_METHODS.contains(&method.as_str())
+            && let Some(syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(sql),
+                ..
+            })) = call.args.first()
+        {
+            self.statements.push(sql.value());
+        }
+        for arg in &call.args {
+            self.visit_expr(arg);
+        }
+    }
+
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        if let syn::Expr::Path(path) = &*call.func {
+            let segments: Vec<String> = path
+                .path
+                .segments
+                .iter()
+                .map(|s| s.ident.to_string())
+                .collect();
+            if segments.ends_with(&["outbox".to_owned(), "enqueue".to_owned()])
+                && let Some(enqueue) = &self.enqueue
+            {
+                self.statements.extend(enqueue.iter().cloned());
+            }
+        }
+        syn::visit::visit_expr_call(self, call);
+    }
+}
+
+/// Every function of `source` by name (free functions and methods), with its body.
+fn functions(source: &Source) -> anyhow::Result<Vec<(String, syn::Block)>> {
+    let file = syn::parse_file(source.text).with_context(|| format!("parsing {}", source.path))?;
+    let mut found = Vec::new();
+    for item in file.items {
+        match item {
+            syn::Item::Fn(function) => {
+                found.push((function.sig.ident.to_string(), *function.block))
+            }
+            syn::Item::Impl(implementation) => {
+                for item in implementation.items {
+                    if let syn::ImplItem::Fn(method) = item {
+                        found.push((method.sig.ident.to_string(), method.block));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(found)
+}
+
+fn collect(block: &syn::Block, enqueue: Option<Vec<String>>) -> Extracted {
+    let mut collector = Collector {
+        statements: Vec::new(),
+        transactional: false,
+        enqueue,
+    };
+    collector.visit_block(block);
+    Extracted {
+        statements: collector.statements,
+        transactional: collector.transactional,
+    }
+}
+
+/// The SQL of function `name` in `source`, with `outbox::enqueue` calls expanded.
+pub fn extract(source: &Source, name: &str) -> anyhow::Result<Extracted> {
+    let enqueue = extract_plain(&OUTBOX, "enqueue")?.statements;
+    let (_, block) = functions(source)?
+        .into_iter()
+        .find(|(function, _)| function == name)
+        .with_context(|| format!("no function `{name}` in {}", source.path))?;
+    Ok(collect(&block, Some(enqueue)))
+}
+
+fn extract_plain(source: &Source, name: &str) -> anyhow::Result<Extracted> {
+    let (_, block) = functions(source)?
+        .into_iter()
+        .find(|(function, _)| function == name)
+        .with_context(|| format!("no function `{name}` in {}", source.path))?;
+    Ok(collect(&block, None))
+}
+
+/// Every function of `source` that runs SQL of its own, with that SQL.
+pub fn functions_with_sql(source: &Source) -> anyhow::Result<Vec<(String, Extracted)>> {
+    Ok(functions(source)?
+        .into_iter()
+        .map(|(name, block)| (name, collect(&block, None)))
+        .filter(|(_, extracted)| !extracted.statements.is_empty())
+        .collect())
+}
+
+/// The advisory lock the active outbox relay holds (`RELAY_LOCK` in outbox.rs). The
+/// benchmark takes it to hold a relay back while a backlog builds up.
+pub fn relay_lock() -> anyhow::Result<i64> {
+    let file = syn::parse_file(OUTBOX.text).context("parsing outbox.rs")?;
+    for item in file.items {
+        if let syn::Item::Const(constant) = item
+            && constant.ident == "RELAY_LOCK"
+            && let syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Int(value),
+                ..
+            }) = &*constant.expr
+        {
+            return Ok(value.base10_parse()?);
+        }
+    }
+    bail!("no `const RELAY_LOCK: i64 = <literal>` in {}", OUTBOX.path)
+}
+
+/// Collapses runs of whitespace, so statements compare and print on one line.
+pub fn one_line(sql: &str) -> String {
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The highest `$n` in a statement: how many parameters it takes.
+fn parameter_count(sql: &str) -> usize {
+    let bytes = sql.as_bytes();
+    let mut highest = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'$' {
+            let digits: String = sql[i + 1..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            if let Ok(n) = digits.parse::<usize>() {
+                highest = highest.max(n);
+            }
+            i += 1 + digits.len();
+        } else {
+            i += 1;
+        }
+    }
+    highest
+}
+
+/// Replaces `$1`, `$2`, … (longest number first, so `$1` does not eat `$10`).
+fn bind(sql: &str, values: &[String]) -> String {
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits: String = rest[at + 1..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        match digits.parse::<usize>() {
+            Ok(n) if (1..=values.len()).contains(&n) => out.push_str(&values[n - 1]),
+            _ => {
+                out.push('$');
+                out.push_str(&digits);
+            }
+        }
+        rest = &rest[at + 1 + digits.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// One statement's values: the words it must start with, and an SQL expression per `$n`.
+pub struct Binding {
+    pub starts_with: &'static str,
+    pub values: Vec<String>,
+}
+
+/// Which database a transaction runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Database {
+    Orders,
+    Payments,
+    Notifications,
+}
+
+/// One handler transaction, as the benchmark runs it under pgbench.
+pub struct Transaction {
+    /// Short name used in reports: `create`, `charge`, `apply`, `notify`, `relay`.
+    pub name: &'static str,
+    pub what: &'static str,
+    pub database: Database,
+    pub source: &'static Source,
+    pub function: &'static str,
+    /// pgbench `\set` lines run before it (random ids).
+    pub variables: Vec<String>,
+    pub bindings: Vec<Binding>,
+}
+
+/// Variables the scripts may use; anything else after a `:` would be taken by pgbench
+/// for a variable it does not have.
+const VARIABLES: [&str; 3] = ["client_id", "r", "i"];
+
+/// Orders the `apply` script finds pending (see [`Transaction::apply`]).
+pub const PENDING_ORDERS: u32 = 100_000;
+
+/// The relay reads and marks this many rows per round trip (`batch_size` in outbox.rs).
+pub const RELAY_BATCH: u32 = 100;
+
+const PRODUCT: &str = "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21";
+const PRICE_CENTS: i64 = 1299;
+const QUANTITY: i32 = 2;
+/// A fresh order id per transaction: unique across clients and runs in practice.
+const ORDER_ID: &str = "md5(:client_id::text || '-' || :r::text)::uuid";
+/// One of the pending orders the `apply` setup made.
+const PENDING_ORDER_ID: &str = "md5('pending-' || :i::text)::uuid";
+
+fn text(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// A payload as a jsonb literal. Pretty-printed, because pgbench would read the
+/// `:1299` of compact JSON as a variable; jsonb stores the same value either way.
+fn jsonb(payload: &impl serde::Serialize) -> String {
+    let mut bytes = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b"");
+    let mut serializer = serde_json::Serializer::with_formatter(&mut bytes, formatter);
+    payload
+        .serialize(&mut serializer)
+        .expect("payloads serialize");
+    format!(
+        "{}::jsonb",
+        text(&String::from_utf8(bytes).expect("JSON is UTF-8"))
+    )
+}
+
+fn sample_order_id() -> uuid::Uuid {
+    uuid::Uuid::parse_str("ed30fc90-1111-4c9d-b2a5-0c1e3f4a9b21").expect("a valid uuid")
+}
+
+fn outbox(event_id: String, topic: &str, event_type: &str, payload: String) -> Binding {
+    Binding {
+        starts_with: "INSERT INTO outbox",
+        values: vec![
+            event_id,
+            text(topic),
+            format!("{ORDER_ID}::text"),
+            text(event_type),
+            payload,
+        ],
+    }
+}
+
+impl Transaction {
+    /// `POST /v1/orders`: price lookup, order, items, `order.created` in the outbox.
+    pub fn create() -> Self {
+        use saga::events::{OrderCreated, OrderItem};
+        let payload = OrderCreated {
+            order_id: sample_order_id(),
+            customer_id: "bench-ceiling".into(),
+            amount_cents: PRICE_CENTS * i64::from(QUANTITY),
+            items: vec![OrderItem {
+                product_id: PRODUCT.parse().expect("a valid uuid"),
+                quantity: QUANTITY,
+                unit_price_cents: PRICE_CENTS,
+            }],
+        };
+        Self {
+            name: "create",
+            what: "POST /v1/orders: order + items + outbox",
+            database: Database::Orders,
+            source: &ORDERS,
+            function: "place_order",
+            variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            bindings: vec![
+                Binding {
+                    starts_with: "SELECT id, price_cents FROM products",
+                    values: vec![format!("ARRAY['{PRODUCT}']::uuid[]")],
+                },
+                Binding {
+                    starts_with: "INSERT INTO orders",
+                    values: vec![
+                        ORDER_ID.into(),
+                        text("bench-ceiling"),
+                        (PRICE_CENTS * i64::from(QUANTITY)).to_string(),
+                    ],
+                },
+                Binding {
+                    starts_with: "INSERT INTO order_items",
+                    values: vec![
+                        ORDER_ID.into(),
+                        format!("ARRAY['{PRODUCT}']"),
+                        format!("ARRAY[{QUANTITY}]"),
+                        format!("ARRAY[{PRICE_CENTS}]"),
+                    ],
+                },
+                outbox(
+                    format!("{ORDER_ID}::text"),
+                    "orders",
+                    saga::events::ORDER_CREATED,
+                    jsonb(&payload),
+                ),
+            ],
+        }
+    }
+
+    /// payment-service's ChargeOrder: inbox, payment, `payment.succeeded` in the outbox.
+    pub fn charge() -> Self {
+        let payload = saga::events::PaymentResult {
+            order_id: sample_order_id(),
+            amount_cents: PRICE_CENTS * i64::from(QUANTITY),
+            reason: None,
+        };
+        Self {
+            name: "charge",
+            what: "ChargeOrder: inbox + payment + outbox",
+            database: Database::Payments,
+            source: &CHARGE_ORDER,
+            function: "charge_order",
+            variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            bindings: vec![
+                Binding {
+                    starts_with: "INSERT INTO processed_events",
+                    values: vec![format!("{ORDER_ID}::text")],
+                },
+                Binding {
+                    starts_with: "INSERT INTO payments",
+                    values: vec![
+                        ORDER_ID.into(),
+                        format!("{ORDER_ID}::text"),
+                        text("succeeded"),
+                        (PRICE_CENTS * i64::from(QUANTITY)).to_string(),
+                        "NULL".into(),
+                    ],
+                },
+                outbox(
+                    // Ids keep their length; `-` for the `:` pgbench would misread.
+                    format!("{ORDER_ID}::text || '-payment'"),
+                    "payments",
+                    saga::events::PAYMENT_SUCCEEDED,
+                    jsonb(&payload),
+                ),
+            ],
+        }
+    }
+
+    /// order-service's ApplyPaymentResult on one of [`PENDING_ORDERS`] pending orders,
+    /// picked at random: inbox, `SELECT … FOR UPDATE`, status, `order.confirmed`. Picking
+    /// an order twice updates it once more, which costs the same as the first time.
+    pub fn apply() -> Self {
+        let payload = saga::events::OrderOutcome {
+            order_id: sample_order_id(),
+            customer_id: "bench-ceiling".into(),
+            amount_cents: PRICE_CENTS * i64::from(QUANTITY),
+            reason: None,
+        };
+        Self {
+            name: "apply",
+            what: "ApplyPaymentResult: inbox + FOR UPDATE + status + outbox",
+            database: Database::Orders,
+            source: &APPLY_PAYMENT_RESULT,
+            function: "apply_payment_result",
+            variables: vec![
+                r"\set r random(1, 9000000000000000000)".into(),
+                format!(r"\set i random(1, {PENDING_ORDERS})"),
+            ],
+            bindings: vec![
+                Binding {
+                    starts_with: "INSERT INTO processed_events",
+                    values: vec![format!("{ORDER_ID}::text || '-payment'")],
+                },
+                Binding {
+                    starts_with: "SELECT status, customer_id, amount_cents FROM orders",
+                    values: vec![PENDING_ORDER_ID.into()],
+                },
+                Binding {
+                    starts_with: "UPDATE orders SET status",
+                    values: vec![PENDING_ORDER_ID.into(), text("confirmed"), "NULL".into()],
+                },
+                Binding {
+                    starts_with: "INSERT INTO outbox",
+                    values: vec![
+                        format!("{ORDER_ID}::text || '-outcome'"),
+                        text("orders"),
+                        format!("{PENDING_ORDER_ID}::text"),
+                        text(saga::events::ORDER_CONFIRMED),
+                        jsonb(&payload),
+                    ],
+                },
+            ],
+        }
+    }
+
+    /// notification-service's NotifyCustomer: inbox, notification, `notification.sent`.
+    pub fn notify() -> Self {
+        let outcome = saga::events::OrderOutcome {
+            order_id: sample_order_id(),
+            customer_id: "bench-ceiling".into(),
+            amount_cents: PRICE_CENTS * i64::from(QUANTITY),
+            reason: None,
+        };
+        let message = notification_service::notify_customer::message(&outcome, true);
+        let payload = saga::events::NotificationSent {
+            order_id: outcome.order_id,
+            customer_id: outcome.customer_id.clone(),
+            message: message.clone(),
+        };
+        Self {
+            name: "notify",
+            what: "NotifyCustomer: inbox + notification + outbox",
+            database: Database::Notifications,
+            source: &NOTIFY_CUSTOMER,
+            function: "notify_customer",
+            variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            bindings: vec![
+                Binding {
+                    starts_with: "INSERT INTO processed_events",
+                    values: vec![format!("{ORDER_ID}::text || '-outcome'")],
+                },
+                Binding {
+                    starts_with: "INSERT INTO notifications",
+                    values: vec![
+                        ORDER_ID.into(),
+                        format!("{ORDER_ID}::text || '-outcome'"),
+                        text("bench-ceiling"),
+                        text("confirmed"),
+                        text(&message),
+                    ],
+                },
+                outbox(
+                    format!("{ORDER_ID}::text || '-outcome-notification'"),
+                    "notifications",
+                    saga::events::NOTIFICATION_SENT,
+                    jsonb(&payload),
+                ),
+            ],
+        }
+    }
+
+    /// The relay's bookkeeping for one full batch: read [`RELAY_BATCH`] unpublished rows,
+    /// mark them published. The ids the relay gets from the read are, here, the same
+    /// rows read again in the `UPDATE`'s parameter. Run against a backlog the setup made.
+    pub fn relay() -> Self {
+        let unpublished = format!(
+            "ARRAY(SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT {RELAY_BATCH})"
+        );
+        Self {
+            name: "relay",
+            what: "outbox relay: read a batch of 100 rows, mark them published",
+            database: Database::Orders,
+            source: &OUTBOX,
+            function: "publish_batch",
+            variables: Vec::new(),
+            bindings: vec![
+                Binding {
+                    starts_with: "SELECT id, event_id, topic, key, type, payload, occurred_at FROM outbox",
+                    values: vec![RELAY_BATCH.to_string()],
+                },
+                Binding {
+                    starts_with: "UPDATE outbox SET published_at",
+                    values: vec![unpublished],
+                },
+            ],
+        }
+    }
+
+    pub fn all() -> Vec<Self> {
+        vec![
+            Self::create(),
+            Self::charge(),
+            Self::apply(),
+            Self::notify(),
+            Self::relay(),
+        ]
+    }
+
+    /// The statements of the handler, from its source.
+    pub fn extracted(&self) -> anyhow::Result<Extracted> {
+        extract(self.source, self.function)
+    }
+
+    /// The pgbench script: the handler's statements with their bindings, inside
+    /// `BEGIN … COMMIT` when the handler opens a transaction. Fails, naming the
+    /// statement, when the source and the bindings no longer fit each other.
+    pub fn pgbench_script(&self) -> anyhow::Result<String> {
+        let extracted = self.extracted()?;
+        let place = format!("{} `{}`", self.source.path, self.function);
+        if extracted.statements.len() != self.bindings.len() {
+            bail!(
+                "{place} runs {} statements, the benchmark binds {}: update crates/bench/src/sql.rs\n{}",
+                extracted.statements.len(),
+                self.bindings.len(),
+                extracted
+                    .statements
+                    .iter()
+                    .map(|s| format!("  {}", one_line(s)))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        let mut script = format!(
+            "-- {}: {} ({place}), generated by `loadgen pgbench-scripts`\n",
+            self.name, self.what
+        );
+        for line in &self.variables {
+            writeln!(script, "{line}").expect("writing to a String");
+        }
+        if extracted.transactional {
+            script.push_str("BEGIN;\n");
+        }
+        for (statement, binding) in extracted.statements.iter().zip(&self.bindings) {
+            let sql = one_line(statement);
+            if !sql.starts_with(binding.starts_with) {
+                bail!(
+                    "{place}: expected a statement starting `{}`, the code has `{sql}`: update crates/bench/src/sql.rs",
+                    binding.starts_with
+                );
+            }
+            let parameters = parameter_count(&sql);
+            if parameters != binding.values.len() {
+                bail!(
+                    "{place}: `{sql}` takes {parameters} parameters, the benchmark binds {}: update crates/bench/src/sql.rs",
+                    binding.values.len()
+                );
+            }
+            writeln!(script, "{};", bind(&sql, &binding.values)).expect("writing to a String");
+        }
+        if extracted.transactional {
+            script.push_str("COMMIT;\n");
+        }
+        check_variables(&script)?;
+        Ok(script)
+    }
+}
+
+/// Every `:name` pgbench would substitute must be one of [`VARIABLES`].
+fn check_variables(script: &str) -> anyhow::Result<()> {
+    for line in script.lines().filter(|l| !l.starts_with("--")) {
+        let bytes = line.as_bytes();
+        for (i, _) in line.match_indices(':') {
+            let previous = i.checked_sub(1).map(|p| bytes[p]);
+            if previous == Some(b':') || bytes.get(i + 1) == Some(&b':') {
+                continue; // a `::type` cast
+            }
+            let name: String = line[i + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && !VARIABLES.contains(&name.as_str()) {
+                bail!("pgbench would read `:{name}` as a variable in: {line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_handler_transaction_renders_from_its_source() {
+        for transaction in Transaction::all() {
+            let script = transaction
+                .pgbench_script()
+                .unwrap_or_else(|e| panic!("{}: {e:#}", transaction.name));
+            assert!(
+                !script.contains('$'),
+                "{}: unbound parameter",
+                transaction.name
+            );
+        }
+    }
+
+    #[test]
+    fn the_handlers_statements_are_the_ones_the_scripts_run() {
+        // The outbox insert is spliced in where the handlers call outbox::enqueue.
+        let enqueue = extract_plain(&OUTBOX, "enqueue").unwrap().statements;
+        assert_eq!(enqueue.len(), 1);
+        let charge = Transaction::charge().extracted().unwrap();
+        assert!(charge.transactional);
+        assert_eq!(charge.statements.last(), enqueue.last());
+        assert!(one_line(&charge.statements[0]).starts_with("INSERT INTO processed_events"));
+        let relay = Transaction::relay().extracted().unwrap();
+        assert!(!relay.transactional, "the relay's bookkeeping autocommits");
+    }
+
+    #[test]
+    fn every_function_with_sql_in_those_files_is_benchmarked_or_said_not_to_be() {
+        let benchmarked: Vec<&str> = Transaction::all().iter().map(|t| t.function).collect();
+        for source in SOURCES {
+            for (name, extracted) in functions_with_sql(source).unwrap() {
+                let known = benchmarked.contains(&name.as_str())
+                    || name == "enqueue"
+                    || NOT_BENCHMARKED.iter().any(|(n, _)| *n == name);
+                assert!(
+                    known,
+                    "{} `{name}` runs SQL the benchmark does not know ({:?}): add it to a \
+                     Transaction or to NOT_BENCHMARKED in crates/bench/src/sql.rs",
+                    source.path, extracted.statements
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_relay_lock_is_read_from_the_outbox() {
+        relay_lock().unwrap();
+    }
+
+    #[test]
+    fn parameters_bind_longest_number_first() {
+        let sql = "VALUES ($1, $10, $2::uuid[])";
+        let values: Vec<String> = (1..=10).map(|n| format!("v{n}")).collect();
+        assert_eq!(parameter_count(sql), 10);
+        assert_eq!(bind(sql, &values), "VALUES (v1, v10, v2::uuid[])");
+    }
+
+    #[test]
+    fn a_colon_pgbench_would_misread_is_refused() {
+        assert!(check_variables("SELECT '{\"a\":1299}'::jsonb;").is_err());
+        assert!(check_variables("SELECT md5(:client_id::text || :r::text)::uuid;").is_ok());
+    }
+}
