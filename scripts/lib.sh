@@ -189,3 +189,17 @@ pg_url() {
 service_healthy() {
   curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$(service_port "$1")/health"
 }
+
+# Drops the databases (saga_test_*) and topics (t<id>.*) that tests leave
+# behind. Only while no test runs: they are some test's own.
+remove_test_leftovers() {
+  log "removing databases and topics left by earlier test runs"
+  psql -X -q -At "$(pg_url postgres)" \
+    -c "SELECT datname FROM pg_database WHERE datname LIKE 'saga\_test\_%'" |
+    while read -r database; do
+      psql -X -q "$(pg_url postgres)" -c "DROP DATABASE \"$database\" WITH (FORCE)"
+    done
+  if "$ROOT/scripts/kafka-topics" --bootstrap-server "$KAFKA_BOOTSTRAP" --list | grep -qE '^t[0-9a-f]{12}\.'; then
+    "$ROOT/scripts/kafka-topics" --bootstrap-server "$KAFKA_BOOTSTRAP" --delete --topic 't[0-9a-f]{12}\..*'
+  fi
+}

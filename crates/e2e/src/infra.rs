@@ -90,14 +90,22 @@ impl Outage {
 
     /// Brings the server back with `scripts/infra-up`, which returns once the broker
     /// serves metadata and PostgreSQL accepts logins; returns how long it was down.
+    ///
+    /// A killed broker first recovers the log of every partition it holds, which can
+    /// outlast `infra-up`'s own 90 s budget when many topics lie around; the broker
+    /// keeps starting meanwhile, so a failed `infra-up` is given a few more tries.
     pub async fn restore(mut self) -> Duration {
-        tokio::task::spawn_blocking(infra_up).await.unwrap();
+        let mut tries = 0;
+        while !tokio::task::spawn_blocking(try_infra_up).await.unwrap() {
+            tries += 1;
+            assert!(
+                tries < 4,
+                "scripts/infra-up could not bring {} back",
+                self.what
+            );
+        }
         self.restored = true;
         self.down_since.elapsed()
-    }
-
-    pub fn what(&self) -> &'static str {
-        self.what
     }
 }
 
@@ -105,18 +113,26 @@ impl Drop for Outage {
     fn drop(&mut self) {
         if !self.restored {
             eprintln!("bringing {} back after a failure", self.what);
-            infra_up();
+            for _ in 0..4 {
+                if try_infra_up() {
+                    return;
+                }
+            }
         }
     }
 }
 
 /// Runs `scripts/infra-up`, which starts whatever of PostgreSQL and Kafka is not running.
 pub fn infra_up() {
-    let status = Command::new(root().join("scripts/infra-up"))
+    assert!(try_infra_up(), "scripts/infra-up failed");
+}
+
+fn try_infra_up() -> bool {
+    Command::new(root().join("scripts/infra-up"))
         .stdout(std::process::Stdio::null())
         .status()
-        .expect("scripts/infra-up runs");
-    assert!(status.success(), "scripts/infra-up failed: {status}");
+        .expect("scripts/infra-up runs")
+        .success()
 }
 
 /// The Debian cluster (version, name) listening on the tests' PostgreSQL port, from

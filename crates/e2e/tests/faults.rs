@@ -14,7 +14,8 @@
 //! Settings: `SAGA_FAULT_ORDERS` (orders per scenario, default 300), `SAGA_FAULT_RATE`
 //! (orders offered per second, default 40), `SAGA_FAULT_KILLS` (aborts per service in
 //! the failpoint scenarios, default 2), `SAGA_FAULT_CYCLES` (outages and scale-outs per
-//! scenario, default 1). `scripts/faults --long` raises them for release checks.
+//! scenario, and five rounds of poison per cycle; default 1). `scripts/faults --long`
+//! raises them for release checks.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -530,7 +531,7 @@ async fn poison_records_mixed_into_the_stream_are_dead_lettered_with_their_reaso
     let load = Load::start(&stack, orders(), rate());
     let producer = HandProducer::new(&stack.kafka.brokers);
     let topics = stack.kafka.topics.clone();
-    let batches = 5;
+    let batches = 5 * cycles();
     let mut poison = Vec::new();
 
     for batch in 1..=batches {
