@@ -90,6 +90,28 @@ pub struct Capacity {
     pub load_average: [f64; 3],
 }
 
+impl Capacity {
+    /// CPU milliseconds `service` spent per event during `phase`: a figure that, unlike
+    /// the rates, hardly moves with what else the machine is doing.
+    pub fn cpu_ms_per_event(&self, phase: &str, service: &str) -> f64 {
+        let drain = match phase {
+            "create" => &self.create,
+            "relay order.created" => &self.relay_orders_created,
+            "charge" => &self.charge,
+            "relay payments" => &self.relay_payments,
+            "apply" => &self.apply,
+            "relay outcomes" => &self.relay_outcomes,
+            "notify" => &self.notify,
+            "relay notifications" => &self.relay_notifications,
+            _ => return f64::NAN,
+        };
+        self.usage
+            .get(phase)
+            .and_then(|usage| usage.get(service))
+            .map_or(f64::NAN, |u| u.cpu_seconds * 1000.0 / drain.rows as f64)
+    }
+}
+
 /// A measured rate against its ceiling, and the target if the issue sets one.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
@@ -234,6 +256,42 @@ impl Report {
                     fmt(ms.max)
                 );
             }
+        }
+
+        let c = &self.capacity;
+        let _ = writeln!(
+            md,
+            "\nEach transaction alone on a backlog of {} orders (load average {}):\n",
+            c.orders,
+            loads(&c.load_average)
+        );
+        md.push_str("| work | service | events | events/s | service CPU per event (ms) |\n");
+        md.push_str("|---|---|---:|---:|---:|\n");
+        for (phase, service, drain) in [
+            ("create", "order-service", &c.create),
+            (
+                "relay order.created",
+                "order-service",
+                &c.relay_orders_created,
+            ),
+            ("charge", "payment-service", &c.charge),
+            ("relay payments", "payment-service", &c.relay_payments),
+            ("apply", "order-service", &c.apply),
+            ("relay outcomes", "order-service", &c.relay_outcomes),
+            ("notify", "notification-service", &c.notify),
+            (
+                "relay notifications",
+                "notification-service",
+                &c.relay_notifications,
+            ),
+        ] {
+            let _ = writeln!(
+                md,
+                "| {phase} | {service} | {} | {} | {} |",
+                drain.rows,
+                fmt(drain.per_second),
+                fmt(c.cpu_ms_per_event(phase, service))
+            );
         }
 
         md.push_str("\n| measured against pgbench | measured/s | pgbench/s | ratio | target |\n");
