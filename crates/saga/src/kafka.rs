@@ -54,7 +54,11 @@ pub fn idempotent_producer(brokers: &str) -> ClientConfig {
     config
         .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
+        // Send at once: each event of an order waits on the one before it, so a linger
+        // adds to every hop. The relay still batches: it hands librdkafka a whole batch
+        // before awaiting the acknowledgements, and what queues up while a request is
+        // in flight goes out together.
+        .set("linger.ms", "0")
         // A send not acknowledged in this time is reported failed and retried by the
         // caller from its own durable state (outbox row, unstored offset).
         .set("message.timeout.ms", "30000");
