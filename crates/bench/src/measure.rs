@@ -287,13 +287,16 @@ pub async fn hops(databases: &Databases, tag: &str) -> anyhow::Result<Vec<(Strin
         .map(|row| (row.get(0), row.get(1)))
         .collect();
 
+    // "written": the row's transaction began (outbox.occurred_at); "acked": the relay
+    // marked it published after the broker's acknowledgement, by which time the consumer
+    // may already have it, so the consumer hops that follow can be ~0.
     const NAMES: [&str; 6] = [
-        "order-service relay: order.created committed → published",
-        "orders topic → payment-service applied",
-        "payment-service relay: result committed → published",
-        "payments topic → order-service applied",
-        "order-service relay: outcome committed → published",
-        "orders topic → notification-service applied",
+        "order-service relay: order.created written → acked",
+        "… → payment-service applied it",
+        "payment-service relay: payment result written → acked",
+        "… → order-service applied it (confirmed)",
+        "order-service relay: outcome written → acked",
+        "… → notification-service applied it",
     ];
     let mut samples: Vec<Vec<u64>> = vec![Vec::new(); NAMES.len()];
     let us = |from: OffsetDateTime, to: OffsetDateTime| {

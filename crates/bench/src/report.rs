@@ -243,7 +243,7 @@ impl Report {
         {
             let _ = writeln!(
                 md,
-                "\nWhere the time goes at half the highest sustained load ({}):\n",
+                "\nWhere the time goes at half the highest sustained load ({}); \"written\" is when the outbox row's transaction began, \"acked\" when the relay marked it published after the broker's acknowledgement (a consumer may have it by then, so its hop can be ~0):\n",
                 step.name
             );
             md.push_str("| hop | p50 (ms) | p99 (ms) | max (ms) |\n|---|---:|---:|---:|\n");

@@ -46,6 +46,9 @@ pub struct Plan {
     /// Open-loop rates as multiples of that estimate, tried in turn until one falls
     /// behind; the highest that kept up is the highest sustained rate.
     pub ramp: Vec<f64>,
+    /// Steps halving the gap between the highest rate that kept up and the lowest that
+    /// did not, once the ramp has found both.
+    pub bisect: u32,
     /// Open-loop rates as fractions of the highest sustained rate, for latency.
     pub latency: Vec<f64>,
     pub step: Duration,
@@ -63,6 +66,7 @@ impl Plan {
             mode: "quick",
             closed: vec![8],
             ramp: vec![1.0, 1.5],
+            bisect: 1,
             latency: vec![0.5],
             step: Duration::from_secs(10),
             backlog: 1_500,
@@ -77,6 +81,7 @@ impl Plan {
             mode: "full",
             closed: vec![2, 8, 32],
             ramp: vec![0.75, 1.0, 1.25, 1.5, 2.0],
+            bisect: 2,
             latency: vec![0.25, 0.5],
             step: Duration::from_secs(30),
             backlog: 6_000,
@@ -331,6 +336,28 @@ async fn load_step(
     Ok(step)
 }
 
+async fn ramp_step(
+    stack: &mut Stack,
+    generator: &Arc<LoadGenerator>,
+    databases: &Databases,
+    plan: &Plan,
+    run_id: u64,
+    rate: f64,
+) -> anyhow::Result<Step> {
+    let name = format!("ramp {rate:.0}/s");
+    let tag = format!("bench{run_id}-ramp{rate:.0}");
+    load_step(
+        stack,
+        generator,
+        databases,
+        Shape::Open { rate },
+        plan,
+        name,
+        tag,
+    )
+    .await
+}
+
 /// Phase 2: each transaction working through a backlog on its own.
 async fn capacity(
     stack: &mut Stack,
@@ -554,25 +581,18 @@ async fn ceilings(
     Ok(ceilings)
 }
 
-pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
+/// This run's databases and topics, fresh, and the services ready to start on them.
+async fn fresh_stack(settings: &Settings) -> anyhow::Result<(Databases, Stack, String, u64)> {
     std::fs::create_dir_all(&settings.out)?;
-    let started_at = OffsetDateTime::now_utc();
     let run_id = unix_seconds();
     let namespace = format!("bench{run_id}.");
     let databases = Databases::new(&settings.postgres, "bench_");
-    let ceiling_databases = Databases::new(&settings.postgres, "bench_ceiling_");
-    // Fail before any load if the handlers' SQL and the benchmark have drifted apart.
-    for transaction in Transaction::all() {
-        transaction.pgbench_script()?;
-    }
-    pgbench::find_pgbench()?;
-
     log(format!(
         "fresh databases bench_* and topics {namespace}*; results in {}",
         settings.out.display()
     ));
     databases.recreate().await?;
-    fresh_topics(&settings, &namespace).await?;
+    fresh_topics(settings, &namespace).await?;
 
     let mut specs = BTreeMap::new();
     for (i, (name, database)) in SERVICES
@@ -593,7 +613,7 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
             },
         );
     }
-    let mut stack = Stack {
+    let stack = Stack {
         env: StackEnv {
             bin_dir: settings.bin_dir.clone(),
             brokers: settings.brokers.clone(),
@@ -610,6 +630,78 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
         tick_hz: procs::tick_hz(),
         totals: BTreeMap::new(),
     };
+    Ok((databases, stack, namespace, run_id))
+}
+
+/// Latency at one fixed rate, `steps` times, with nothing else measured: for comparing
+/// two builds (`--bin-dir`) under the same offered load.
+pub async fn probe(
+    settings: Settings,
+    rate: f64,
+    steps: u32,
+    step: Duration,
+) -> anyhow::Result<Vec<Step>> {
+    let (databases, mut stack, _, run_id) = fresh_stack(&settings).await?;
+    let plan = Plan {
+        step,
+        ..Plan::quick()
+    };
+    let result = async {
+        stack.start_all().await?;
+        let generator = Arc::new(LoadGenerator::new(&format!(
+            "http://127.0.0.1:{}",
+            settings.first_port
+        ))?);
+        warm_up(&generator, &databases, run_id).await?;
+        let mut done = Vec::new();
+        for i in 0..steps {
+            let name = format!("probe {rate:.0}/s #{}", i + 1);
+            let tag = format!("bench{run_id}-probe{i}");
+            let shape = Shape::Open { rate };
+            done.push(
+                load_step(&mut stack, &generator, &databases, shape, &plan, name, tag).await?,
+            );
+        }
+        anyhow::Ok(done)
+    }
+    .await;
+    let stopped = stack.stop_all().await;
+    let steps = result?;
+    stopped?;
+    std::fs::write(
+        settings.out.join("probe.json"),
+        serde_json::to_vec_pretty(&steps)?,
+    )?;
+    Ok(steps)
+}
+
+/// A few orders first: connections, consumer groups and caches warm, not measured.
+async fn warm_up(
+    generator: &Arc<LoadGenerator>,
+    databases: &Databases,
+    run_id: u64,
+) -> anyhow::Result<()> {
+    let tag = format!("bench{run_id}-warmup");
+    generator
+        .run(
+            Shape::Closed { concurrency: 2 },
+            Duration::from_secs(2),
+            &tag,
+        )
+        .await;
+    measure::step_outcome(databases, &tag, Duration::ZERO, Duration::from_secs(60)).await?;
+    Ok(())
+}
+
+pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
+    let started_at = OffsetDateTime::now_utc();
+    let ceiling_databases = Databases::new(&settings.postgres, "bench_ceiling_");
+    // Fail before any load if the handlers' SQL and the benchmark have drifted apart.
+    for transaction in Transaction::all() {
+        transaction.pgbench_script()?;
+    }
+    pgbench::find_pgbench()?;
+    let (databases, mut stack, namespace, run_id) = fresh_stack(&settings).await?;
     let result = run_phases(&settings, &plan, &mut stack, &databases, run_id).await;
     // Whatever happened, leave no service of ours running.
     let stopped = stack.stop_all().await;
@@ -671,21 +763,7 @@ async fn run_phases(
         settings.first_port
     ))?);
 
-    // A few orders first: connections, consumer groups and caches warm, not measured.
-    generator
-        .run(
-            Shape::Closed { concurrency: 2 },
-            Duration::from_secs(2),
-            &format!("bench{run_id}-warmup"),
-        )
-        .await;
-    measure::step_outcome(
-        databases,
-        &format!("bench{run_id}-warmup"),
-        Duration::ZERO,
-        Duration::from_secs(60),
-    )
-    .await?;
+    warm_up(&generator, databases, run_id).await?;
 
     let mut steps = Vec::new();
     for &concurrency in &plan.closed {
@@ -698,16 +776,34 @@ async fn run_phases(
     log(format!(
         "closed loops confirmed and notified up to {estimate:.0} orders/s; ramping open loops from there"
     ));
+    let mut kept_up: f64 = 0.0;
+    let mut fell_behind = None;
     for &factor in &plan.ramp {
         let rate = (estimate * factor).max(1.0).round();
-        let name = format!("ramp {rate:.0}/s");
-        let tag = format!("bench{run_id}-ramp{rate:.0}");
-        let shape = Shape::Open { rate };
-        let step = load_step(stack, &generator, databases, shape, plan, name, tag).await?;
-        let behind = !step.sustained;
+        let step = ramp_step(stack, &generator, databases, plan, run_id, rate).await?;
+        let sustained = step.sustained;
         steps.push(step);
-        if behind {
+        if sustained {
+            kept_up = kept_up.max(rate);
+        } else {
+            fell_behind = Some(rate);
             break;
+        }
+    }
+    if let Some(mut behind) = fell_behind {
+        for _ in 0..plan.bisect {
+            let low = if kept_up > 0.0 { kept_up } else { behind / 2.0 };
+            let rate = ((low + behind) / 2.0).round();
+            if behind - rate < 0.03 * behind {
+                break;
+            }
+            let step = ramp_step(stack, &generator, databases, plan, run_id, rate).await?;
+            if step.sustained {
+                kept_up = rate;
+            } else {
+                behind = rate;
+            }
+            steps.push(step);
         }
     }
     let max_sustained = max_sustained(&steps);

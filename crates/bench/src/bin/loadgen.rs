@@ -97,6 +97,13 @@ struct BenchArgs {
     /// The services' RUST_LOG, as scripts/up gives it.
     #[arg(long, default_value = "info")]
     rust_log: String,
+    /// Only offer this many orders per second, open-loop, a few times over and report
+    /// the latency: for comparing two builds under the same load.
+    #[arg(long)]
+    probe: Option<f64>,
+    /// Steps of a probe.
+    #[arg(long, default_value_t = 3)]
+    probe_steps: u32,
 }
 
 #[tokio::main]
@@ -132,6 +139,25 @@ async fn main() -> anyhow::Result<()> {
                 command: args.command,
                 rust_log: args.rust_log,
             };
+            if let Some(rate) = args.probe {
+                for step in run::probe(settings, rate, args.probe_steps, plan.step).await? {
+                    let o = &step.outcome;
+                    println!(
+                        "{}: POST→confirmed p50 {:.1} p95 {:.1} p99 {:.1} ms, →notified p50 {:.1} p99 {:.1} ms, load average {:.2}",
+                        step.name,
+                        o.to_confirmed_ms.p50,
+                        o.to_confirmed_ms.p95,
+                        o.to_confirmed_ms.p99,
+                        o.to_notified_ms.p50,
+                        o.to_notified_ms.p99,
+                        step.load_average[0]
+                    );
+                    for (hop, ms) in &o.hops_ms {
+                        println!("    {hop}: p50 {:.1} ms, p99 {:.1} ms", ms.p50, ms.p99);
+                    }
+                }
+                return Ok(());
+            }
             let report = run::run(settings.clone(), plan).await?;
             let table = run::write(&report, &settings)?;
             println!("{table}");
