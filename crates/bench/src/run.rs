@@ -9,7 +9,9 @@
 //!    advisory lock, as a standby relay would find it held), then each relay and each
 //!    consumer is let go in turn, so each one's rate is its own, not its input's.
 //! 3. **Ceiling**: pgbench runs each handler's SQL ([`crate::sql`]) on fresh databases
-//!    of the same schema at the services' connection counts.
+//!    of the same schema at the services' connection counts, each transaction right
+//!    after the service ran it in phase 2, so other work on the machine weighs on both
+//!    alike.
 //!
 //! The saga's databases, topics and ports are the benchmark's own, fresh each run: the
 //! demo stack, the walkthrough and the tests never see them.
@@ -363,6 +365,7 @@ async fn capacity(
     stack: &mut Stack,
     generator: &Arc<LoadGenerator>,
     databases: &Databases,
+    ceilings: &mut Ceilings,
     plan: &Plan,
     pool_size: u32,
     run_id: u64,
@@ -400,6 +403,7 @@ async fn capacity(
         "capacity: POST alone {:.0} orders/s",
         create.per_second
     ));
+    ceilings.measure("create").await?;
 
     let since = measure::server_now(databases).await?;
     hold.release();
@@ -417,6 +421,7 @@ async fn capacity(
         "capacity: relay published order.created at {:.0}/s",
         relay_orders_created.per_second
     ));
+    ceilings.measure("relay").await?;
 
     let hold = RelayHold::take(databases, Database::Payments).await?;
     let since = measure::server_now(databases).await?;
@@ -432,6 +437,7 @@ async fn capacity(
     .await?;
     usage.insert("charge".to_owned(), stack.usage());
     log(format!("capacity: ChargeOrder {:.0}/s", charge.per_second));
+    ceilings.measure("charge").await?;
 
     // order-service would consume the payment results while they are published; stop it
     // so its consumer later meets the whole backlog at once.
@@ -470,6 +476,7 @@ async fn capacity(
         "capacity: ApplyPaymentResult {:.0}/s",
         apply.per_second
     ));
+    ceilings.measure("apply").await?;
 
     let notifications_hold = RelayHold::take(databases, Database::Notifications).await?;
     let since = measure::server_now(databases).await?;
@@ -505,6 +512,7 @@ async fn capacity(
         "capacity: NotifyCustomer {:.0}/s",
         notify.per_second
     ));
+    ceilings.measure("notify").await?;
 
     let since = measure::server_now(databases).await?;
     notifications_hold.release();
@@ -538,47 +546,83 @@ async fn capacity(
     })
 }
 
-/// Phase 3: pgbench on fresh databases of the same schema.
-async fn ceilings(
-    settings: &Settings,
-    plan: &Plan,
-    ceiling_databases: &Databases,
-) -> anyhow::Result<Vec<pgbench::Ceiling>> {
-    let pgbench = pgbench::find_pgbench()?;
-    ceiling_databases.recreate().await?;
-    ceiling_databases.migrate().await?;
-    pgbench::prepare(ceiling_databases, plan.relay_rows).await?;
-    let scripts = pgbench::write_scripts(&settings.out.join("pgbench"))?;
-    let mut ceilings = Vec::new();
-    for (transaction, script) in &scripts {
+/// Phase 3, run piecewise inside phase 2: pgbench on fresh databases of the same schema,
+/// each transaction right after the service's own run at it, so both meet the machine
+/// in about the same state (other work on it shifts both, not one).
+struct Ceilings {
+    pgbench: PathBuf,
+    databases: Databases,
+    scripts: Vec<(Transaction, PathBuf)>,
+    pool_size: u32,
+    partitions: u32,
+    duration: Duration,
+    relay_rows: u32,
+    measured: Vec<pgbench::Ceiling>,
+}
+
+impl Ceilings {
+    async fn prepare(settings: &Settings, plan: &Plan) -> anyhow::Result<Self> {
+        let databases = Databases::new(&settings.postgres, "bench_ceiling_");
+        databases.recreate().await?;
+        databases.migrate().await?;
+        pgbench::prepare(&databases, plan.relay_rows).await?;
+        Ok(Self {
+            pgbench: pgbench::find_pgbench()?,
+            scripts: pgbench::write_scripts(&settings.out.join("pgbench"))?,
+            databases,
+            pool_size: settings.pool_size,
+            partitions: settings.partitions as u32,
+            duration: plan.pgbench,
+            relay_rows: plan.relay_rows,
+            measured: Vec::new(),
+        })
+    }
+
+    /// Runs transaction `name`'s script; tried again if PostgreSQL went away meanwhile
+    /// (another test suite on this machine stops the cluster now and then).
+    async fn measure(&mut self, name: &str) -> anyhow::Result<()> {
+        let (transaction, script) = self
+            .scripts
+            .iter()
+            .find(|(t, _)| t.name == name)
+            .with_context(|| format!("no pgbench script {name}"))?;
         // The connections each transaction has in the services: HTTP requests share the
         // pool; a consumer applies one event per partition at a time; one relay.
-        let connections = match transaction.name {
-            "create" => settings.pool_size,
+        let connections = match name {
+            "create" => self.pool_size,
             "relay" => 1,
-            _ => settings.partitions as u32,
+            _ => self.partitions,
+        };
+        let mut tries = 0;
+        let ceiling = loop {
+            tries += 1;
+            log(format!("pgbench {name} at {connections} connections"));
+            match pgbench::run(
+                &self.pgbench,
+                &self.databases,
+                transaction,
+                script,
+                connections,
+                self.duration,
+                self.relay_rows,
+            )
+            .await
+            {
+                Ok(ceiling) => break ceiling,
+                Err(error) if tries < 3 => {
+                    log(format!("pgbench {name} failed, trying again: {error:#}"));
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                }
+                Err(error) => return Err(error),
+            }
         };
         log(format!(
-            "pgbench {} at {connections} connections",
-            transaction.name
+            "pgbench {name}: {:.0} tps ({:.0} events/s)",
+            ceiling.tps, ceiling.events_per_second
         ));
-        let ceiling = pgbench::run(
-            &pgbench,
-            ceiling_databases,
-            transaction,
-            script,
-            connections,
-            plan.pgbench,
-            plan.relay_rows,
-        )
-        .await?;
-        log(format!(
-            "pgbench {}: {:.0} tps ({:.0} events/s)",
-            ceiling.name, ceiling.tps, ceiling.events_per_second
-        ));
-        ceilings.push(ceiling);
+        self.measured.push(ceiling);
+        Ok(())
     }
-    Ok(ceilings)
 }
 
 /// This run's databases and topics, fresh, and the services ready to start on them.
@@ -695,14 +739,22 @@ async fn warm_up(
 
 pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
     let started_at = OffsetDateTime::now_utc();
-    let ceiling_databases = Databases::new(&settings.postgres, "bench_ceiling_");
     // Fail before any load if the handlers' SQL and the benchmark have drifted apart.
     for transaction in Transaction::all() {
         transaction.pgbench_script()?;
     }
     pgbench::find_pgbench()?;
     let (databases, mut stack, namespace, run_id) = fresh_stack(&settings).await?;
-    let result = run_phases(&settings, &plan, &mut stack, &databases, run_id).await;
+    let mut ceilings = Ceilings::prepare(&settings, &plan).await?;
+    let result = run_phases(
+        &settings,
+        &plan,
+        &mut stack,
+        &databases,
+        &mut ceilings,
+        run_id,
+    )
+    .await;
     // Whatever happened, leave no service of ours running.
     let stopped = stack.stop_all().await;
     let (steps, capacity) = result?;
@@ -710,22 +762,6 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
 
     let effects = measure::effects(&databases).await?;
     let dead_letters = dead_letters(&settings, &namespace)?;
-    // The ceiling databases are made afresh for each try: a PostgreSQL restart (another
-    // test suite on this machine stops the cluster) ends pgbench's connections.
-    let mut tries = 0;
-    let ceilings = loop {
-        tries += 1;
-        match ceilings(&settings, &plan, &ceiling_databases).await {
-            Ok(ceilings) => break ceilings,
-            Err(error) if tries < 3 => {
-                log(format!(
-                    "pgbench phase failed, starting it again: {error:#}"
-                ));
-                tokio::time::sleep(Duration::from_secs(10)).await;
-            }
-            Err(error) => return Err(error),
-        }
-    };
     let machine = Machine::describe(
         postgres_version(&databases).await?,
         settings.kafka_version.clone(),
@@ -738,7 +774,7 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
         machine,
         steps,
         capacity,
-        ceilings,
+        ceilings.measured,
         &stack,
         effects,
         dead_letters,
@@ -754,6 +790,7 @@ async fn run_phases(
     plan: &Plan,
     stack: &mut Stack,
     databases: &Databases,
+    ceilings: &mut Ceilings,
     run_id: u64,
 ) -> anyhow::Result<(Vec<Step>, Capacity)> {
     log("starting the services (release builds)");
@@ -822,6 +859,7 @@ async fn run_phases(
         stack,
         &generator,
         databases,
+        ceilings,
         plan,
         settings.pool_size,
         run_id,
