@@ -196,7 +196,7 @@ impl Report {
         let m = &self.machine;
         let _ = writeln!(
             md,
-            "Machine: {} CPUs ({}), {:.0} GiB, Linux {}; {}; Kafka {}; PostgreSQL and Kafka {} as the services and the load generator.\n",
+            "Machine: {} CPUs ({}), {:.0} GiB, Linux {}; {}; {}; PostgreSQL and Kafka {} as the services and the load generator.\n",
             m.cpus,
             m.cpu_model,
             m.memory_gib,
