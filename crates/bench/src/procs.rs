@@ -121,9 +121,10 @@ impl Running {
     /// SIGTERM, as an operator would: the service finishes the record in hand, commits
     /// its offsets and exits. Killed if it has not exited in 30 s.
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        // No signal API without unsafe code; kill(1) sends it.
-        let status = Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
+        // No signal API without unsafe code. bash's own `kill` sends it: bash runs every
+        // script here, while a minimal system may have no kill(1).
+        let status = Command::new("bash")
+            .args(["-c", r#"kill -TERM "$1""#, "bash", &self.pid.to_string()])
             .status()
             .await?;
         if !status.success() {
