@@ -70,6 +70,21 @@ fn at(step: usize, steps: usize) -> usize {
     orders() * step / (steps + 1)
 }
 
+/// A rate at which the load lasts through `cycles()` outages of about `outage` each, so
+/// that every one of them hits the saga under load.
+fn rate_spanning(outage: Duration) -> u32 {
+    let seconds = (cycles() as u64 * outage.as_secs()).max(1);
+    (orders() as u64 / seconds).clamp(1, rate() as u64) as u32
+}
+
+/// Fails unless the load is still running: a fault injected after it proves less.
+fn assert_under_load(load: &Load, fault: &str) {
+    assert!(
+        !load.is_finished(),
+        "the load ended before {fault}: raise SAGA_FAULT_ORDERS or lower SAGA_FAULT_RATE"
+    );
+}
+
 /// Waits for the load to be placed and the saga to go quiet, restarting what `crashes`
 /// kills meanwhile, then checks every invariant.
 async fn drain_and_check(
@@ -180,13 +195,15 @@ async fn a_handler_killed_inside_its_transaction_leaves_nothing_half_applied() {
 #[ignore = "fault suite: scripts/faults runs it on its own"]
 async fn the_broker_killed_and_restarted_mid_run_is_waited_out_and_nothing_is_lost() {
     let mut stack = Stack::start().await;
-    let load = Load::start(&stack, orders(), rate());
+    // A killed broker takes about half a minute to serve again on a 2-core machine.
+    let load = Load::start(&stack, orders(), rate_spanning(Duration::from_secs(50)));
     let mut downtimes = Vec::new();
     let mut placed_meanwhile = 0;
 
     for cycle in 1..=cycles() {
         load.reached(at(2 * cycle - 1, 2 * cycles())).await;
         let before = load.accepted();
+        assert_under_load(&load, "the broker was killed");
         let outage = Outage::kill_broker().await;
         // The API needs only the database, so orders keep coming and pile up in the
         // outbox; the outage lasts until a good number have.
@@ -196,11 +213,13 @@ async fn the_broker_killed_and_restarted_mid_run_is_waited_out_and_nothing_is_lo
         chaos::tend(&mut stack, None).await;
     }
 
+    let load_rate = load.rate;
     let (findings, _) = drain_and_check(&mut stack, load, None, Vec::new()).await;
     let injected = format!(
-        "broker SIGKILLed and restarted {} time(s), down {}; {placed_meanwhile} orders placed while it was down; {}",
+        "broker SIGKILLed and restarted {} time(s), down {}; {placed_meanwhile} orders placed while it was down (load at {}/s); {}",
         cycles(),
         seconds(&downtimes),
+        load_rate,
         retries_seen(&stack),
     );
     conclude(
@@ -214,13 +233,14 @@ async fn the_broker_killed_and_restarted_mid_run_is_waited_out_and_nothing_is_lo
 #[ignore = "fault suite: scripts/faults runs it on its own"]
 async fn postgres_stopped_and_restarted_mid_run_is_waited_out_and_nothing_is_lost() {
     let mut stack = Stack::start().await;
-    let load = Load::start(&stack, orders(), rate());
+    let load = Load::start(&stack, orders(), rate_spanning(Duration::from_secs(20)));
     let mut downtimes = Vec::new();
     let mut refused = 0;
 
     for cycle in 1..=cycles() {
         load.reached(at(cycle, cycles())).await;
         let retried = load.retried();
+        assert_under_load(&load, "PostgreSQL was stopped");
         let outage = Outage::stop_postgres().await;
         // Down until every service has noticed, and the API has refused a few seconds'
         // worth of orders (503, nothing stored).
@@ -242,9 +262,10 @@ async fn postgres_stopped_and_restarted_mid_run_is_waited_out_and_nothing_is_los
         chaos::tend(&mut stack, None).await;
     }
 
+    let load_rate = load.rate;
     let (findings, _) = drain_and_check(&mut stack, load, None, Vec::new()).await;
     let injected = format!(
-        "PostgreSQL stopped (fast) and restarted {} time(s), down {}; {refused} order attempts refused with 503 meanwhile; {}",
+        "PostgreSQL stopped (fast) and restarted {} time(s), down {}; {refused} order attempts refused with 503 meanwhile (load at {load_rate}/s); {}",
         cycles(),
         seconds(&downtimes),
         retries_seen(&stack),
@@ -260,13 +281,15 @@ async fn postgres_stopped_and_restarted_mid_run_is_waited_out_and_nothing_is_los
 #[ignore = "fault suite: scripts/faults runs it on its own"]
 async fn a_consumer_group_scaled_from_one_instance_to_two_and_back_mid_run_loses_nothing() {
     let mut stack = Stack::start().await;
-    let load = Load::start(&stack, orders(), rate());
+    // A scale-out takes a start and a rebalance: a few seconds.
+    let load = Load::start(&stack, orders(), rate_spanning(Duration::from_secs(15)));
     let second = format!("{PAYMENT_SERVICE}-2");
     let mut handled_by_second = 0;
 
     for cycle in 1..=cycles() {
         load.reached(at(2 * cycle - 1, 2 * cycles())).await;
         let handled_before = stack.log(&second).matches("event handled").count();
+        assert_under_load(&load, "the group was scaled out");
         let exited = stack.start_instance(PAYMENT_SERVICE, &second, None).await;
         assert!(exited.is_none(), "{second} exited: {exited:?}");
         // The group rebalances: the new instance takes partitions and handles records.
@@ -280,6 +303,7 @@ async fn a_consumer_group_scaled_from_one_instance_to_two_and_back_mid_run_loses
         )
         .await;
         load.reached(at(2 * cycle, 2 * cycles())).await;
+        assert_under_load(&load, "the group was scaled in");
         let status = stack.terminate_instance(&second).await;
         assert!(status.success(), "{second} stopped cleanly: {status}");
         handled_by_second += stack.log(&second).matches("event handled").count() - handled_before;
@@ -536,6 +560,7 @@ async fn poison_records_mixed_into_the_stream_are_dead_lettered_with_their_reaso
 
     for batch in 1..=batches {
         load.reached(at(batch, batches)).await;
+        assert_under_load(&load, "the poison was produced");
         for (topic, kinds) in [
             (&topics.payments, payments_poison()),
             (&topics.orders, orders_poison()),
