@@ -125,10 +125,17 @@ impl OutboxRelay {
         }
         client.batch_execute("LISTEN outbox").await?;
         tracing::info!("outbox relay active");
-        // Healthy again: the next interruption starts from the shortest delay.
-        *delays = backoff::backoff();
+        let mut healthy = false;
         loop {
             while self.publish_batch(&client).await? == self.batch_size as usize {}
+            if !healthy {
+                // Healthy again: the next interruption starts from the shortest delay.
+                // Only once a look at the outbox has worked: resetting on connecting
+                // alone retried an error every query hits (a missing table, a revoked
+                // grant) at the shortest delay forever.
+                *delays = backoff::backoff();
+                healthy = true;
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 notification = notifications.recv() => {
