@@ -44,12 +44,21 @@ pub struct NewEvent<'a, P: Serialize> {
 /// Inserts `event` into the outbox inside `tx`. A second event with the same id violates
 /// the `event_id` unique constraint: the database itself refuses to announce a
 /// deterministic event twice.
+///
+/// The statement is prepared once per pooled connection, like the handlers' own: it runs
+/// in every transaction that changes state, so parsing it each time would cost a round
+/// trip per event.
 pub async fn enqueue<P: Serialize + std::fmt::Debug + Sync>(
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     event: &NewEvent<'_, P>,
 ) -> Result<(), tokio_postgres::Error> {
+    let insert = tx
+        .prepare_cached(
+            "INSERT INTO outbox (event_id, topic, key, type, payload) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .await?;
     tx.execute(
-        "INSERT INTO outbox (event_id, topic, key, type, payload) VALUES ($1, $2, $3, $4, $5)",
+        &insert,
         &[
             &event.event_id,
             &event.topic,
