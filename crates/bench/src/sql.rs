@@ -83,7 +83,8 @@ const QUERY_METHODS: [&str; 9] = [
 pub struct Extracted {
     /// The statements, each as written in the source.
     pub statements: Vec<String>,
-    /// Whether it opens a transaction (`client.transaction()`).
+    /// Whether it runs in a transaction: opens one (`client.transaction()`) or is handed
+    /// one (a `&Transaction` parameter: a handler's, opened by the consumer's `Applier`).
     pub transactional: bool,
 }
 
@@ -133,19 +134,51 @@ impl<'ast> Visit<'ast> for Collector {
     }
 }
 
-/// Every function of `source` by name (free functions and methods), with its body.
-fn functions(source: &Source) -> anyhow::Result<Vec<(String, syn::Block)>> {
+/// A function of a source file: its name, whether it is handed a transaction, its body.
+struct Function {
+    name: String,
+    handed_transaction: bool,
+    block: syn::Block,
+}
+
+impl Function {
+    fn new(sig: &syn::Signature, block: syn::Block) -> Self {
+        let handed_transaction = sig.inputs.iter().any(|input| match input {
+            syn::FnArg::Typed(typed) => is_transaction(&typed.ty),
+            syn::FnArg::Receiver(_) => false,
+        });
+        Self {
+            name: sig.ident.to_string(),
+            handed_transaction,
+            block,
+        }
+    }
+}
+
+/// `Transaction<'_>`, `&Transaction<'_>`, `&deadpool_postgres::Transaction<'_>`, …
+fn is_transaction(ty: &syn::Type) -> bool {
+    match ty {
+        syn::Type::Reference(reference) => is_transaction(&reference.elem),
+        syn::Type::Path(path) => path
+            .path
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "Transaction"),
+        _ => false,
+    }
+}
+
+/// Every function of `source` (free functions and methods).
+fn functions(source: &Source) -> anyhow::Result<Vec<Function>> {
     let file = syn::parse_file(source.text).with_context(|| format!("parsing {}", source.path))?;
     let mut found = Vec::new();
     for item in file.items {
         match item {
-            syn::Item::Fn(function) => {
-                found.push((function.sig.ident.to_string(), *function.block))
-            }
+            syn::Item::Fn(function) => found.push(Function::new(&function.sig, *function.block)),
             syn::Item::Impl(implementation) => {
                 for item in implementation.items {
                     if let syn::ImplItem::Fn(method) = item {
-                        found.push((method.sig.ident.to_string(), method.block));
+                        found.push(Function::new(&method.sig, method.block));
                     }
                 }
             }
@@ -155,13 +188,20 @@ fn functions(source: &Source) -> anyhow::Result<Vec<(String, syn::Block)>> {
     Ok(found)
 }
 
-fn collect(block: &syn::Block, enqueue: Option<Vec<String>>) -> Extracted {
+fn find(source: &Source, name: &str) -> anyhow::Result<Function> {
+    functions(source)?
+        .into_iter()
+        .find(|function| function.name == name)
+        .with_context(|| format!("no function `{name}` in {}", source.path))
+}
+
+fn collect(function: &Function, enqueue: Option<Vec<String>>) -> Extracted {
     let mut collector = Collector {
         statements: Vec::new(),
-        transactional: false,
+        transactional: function.handed_transaction,
         enqueue,
     };
-    collector.visit_block(block);
+    collector.visit_block(&function.block);
     Extracted {
         statements: collector.statements,
         transactional: collector.transactional,
@@ -171,26 +211,18 @@ fn collect(block: &syn::Block, enqueue: Option<Vec<String>>) -> Extracted {
 /// The SQL of function `name` in `source`, with `outbox::enqueue` calls expanded.
 pub fn extract(source: &Source, name: &str) -> anyhow::Result<Extracted> {
     let enqueue = extract_plain(&OUTBOX, "enqueue")?.statements;
-    let (_, block) = functions(source)?
-        .into_iter()
-        .find(|(function, _)| function == name)
-        .with_context(|| format!("no function `{name}` in {}", source.path))?;
-    Ok(collect(&block, Some(enqueue)))
+    Ok(collect(&find(source, name)?, Some(enqueue)))
 }
 
 fn extract_plain(source: &Source, name: &str) -> anyhow::Result<Extracted> {
-    let (_, block) = functions(source)?
-        .into_iter()
-        .find(|(function, _)| function == name)
-        .with_context(|| format!("no function `{name}` in {}", source.path))?;
-    Ok(collect(&block, None))
+    Ok(collect(&find(source, name)?, None))
 }
 
 /// Every function of `source` that runs SQL of its own, with that SQL.
 pub fn functions_with_sql(source: &Source) -> anyhow::Result<Vec<(String, Extracted)>> {
     Ok(functions(source)?
         .into_iter()
-        .map(|(name, block)| (name, collect(&block, None)))
+        .map(|function| (function.name.clone(), collect(&function, None)))
         .filter(|(_, extracted)| !extracted.statements.is_empty())
         .collect())
 }

@@ -10,7 +10,6 @@
 pub mod notify_customer;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use clap::Parser;
 use saga::config::{DatabaseConfig, KafkaConfig};
@@ -70,10 +69,10 @@ impl Application {
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
-        let handler = NotifyCustomer::new(self.service.pool.clone(), topics.clone());
+        let handler = NotifyCustomer::new(topics.clone());
         let subscription = Subscription {
             topic: topics.orders.clone(),
-            handler: Arc::new(handler),
+            handler,
         };
         self.service
             .run(axum::Router::new(), subscription, shutdown)

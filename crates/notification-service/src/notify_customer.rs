@@ -9,29 +9,31 @@
 //!    rows: this customer was already told about this order; stop.
 //! 3. Enqueue `notification.sent` with id `<outcome event id>:notification`.
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::Transaction;
 use saga::events::{self, NotificationSent, OrderOutcome};
 use saga::outbox::{self, NewEvent};
 use saga::{Envelope, Handler, HandlerError, Outcome, Topics};
 
 pub struct NotifyCustomer {
-    pool: Pool,
     topics: Topics,
 }
 
 impl NotifyCustomer {
-    pub fn new(pool: Pool, topics: Topics) -> Self {
-        Self { pool, topics }
+    pub fn new(topics: Topics) -> Self {
+        Self { topics }
     }
 }
 
 impl Handler for NotifyCustomer {
-    async fn handle(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
+    /// The decided outcome, and whether it is a confirmation.
+    type Command = (OrderOutcome, bool);
+
+    fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError> {
         let confirmed = match event.event_type.as_str() {
             events::ORDER_CONFIRMED => true,
             events::ORDER_CANCELLED => false,
             // The saga's start shares the topic; it is payment-service's.
-            events::ORDER_CREATED => return Ok(Outcome::Ignored),
+            events::ORDER_CREATED => return Ok(None),
             other => {
                 return Err(HandlerError::rejected(format!(
                     "unknown event type `{other}` on the orders topic"
@@ -40,7 +42,16 @@ impl Handler for NotifyCustomer {
         };
         let outcome: OrderOutcome = event.payload()?;
         event.check_aggregate(outcome.order_id)?;
-        notify_customer(&self.pool, &self.topics, event, &outcome, confirmed).await
+        Ok(Some((outcome, confirmed)))
+    }
+
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        (outcome, confirmed): Self::Command,
+    ) -> Result<Outcome, HandlerError> {
+        notify_customer(tx, &self.topics, event, &outcome, confirmed).await
     }
 }
 
@@ -67,18 +78,17 @@ pub fn message(outcome: &OrderOutcome, confirmed: bool) -> String {
 
 #[tracing::instrument(skip_all, fields(order_id = %outcome.order_id, event_id = %event.id))]
 pub async fn notify_customer(
-    pool: &Pool,
+    tx: &Transaction<'_>,
     topics: &Topics,
     event: &Envelope,
     outcome: &OrderOutcome,
     confirmed: bool,
 ) -> Result<Outcome, HandlerError> {
     let text = message(outcome, confirmed);
-    let mut client = pool.get().await?;
     // Each statement is prepared once per pooled connection (`prepare_cached`), not on
     // every call: parsing and planning it again, and the extra round trip that takes,
-    // cost more than running it.
-    let tx = client.transaction().await?;
+    // cost more than running it. The caller opened `tx` and commits it when this
+    // returns `Ok`, whatever the outcome.
 
     // Guard 1: have we handled this very event before?
     let claimed = tx
@@ -91,7 +101,6 @@ pub async fn notify_customer(
         )
         .await?;
     if claimed == 0 {
-        tx.commit().await?;
         return Ok(Outcome::Duplicate);
     }
 
@@ -114,14 +123,13 @@ pub async fn notify_customer(
         )
         .await?;
     if inserted == 0 {
-        tx.commit().await?;
         return Ok(Outcome::Guarded);
     }
 
     let notification_id = events::notification_id(&event.id);
     let order_key = outcome.order_id.to_string();
     outbox::enqueue(
-        &tx,
+        tx,
         &NewEvent {
             event_id: &notification_id,
             topic: &topics.notifications,
@@ -135,7 +143,5 @@ pub async fn notify_customer(
         },
     )
     .await?;
-    saga::failpoint::crash_point(saga::failpoint::HANDLER_BEFORE_COMMIT);
-    tx.commit().await?;
     Ok(Outcome::Applied)
 }

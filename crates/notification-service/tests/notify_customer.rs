@@ -1,7 +1,7 @@
 //! NotifyCustomer against a real PostgreSQL: one notification per order, on its outcome.
 
 use notification_service::NotifyCustomer;
-use saga::{Envelope, Handler, Outcome, Topics};
+use saga::{Applier, Envelope, Outcome, Topics};
 use saga_testkit::TestDatabase;
 use serde_json::json;
 use uuid::Uuid;
@@ -43,11 +43,11 @@ async fn sent_events(db: &TestDatabase, order_id: Uuid) -> i64 {
 #[tokio::test]
 async fn a_confirmed_order_notifies_the_customer() {
     let db = database().await;
-    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
     let order_id = Uuid::new_v4();
 
     let outcome = handler
-        .handle(&outcome_event(
+        .apply(&outcome_event(
             &format!("{order_id}:outcome"),
             "order.confirmed",
             order_id,
@@ -84,11 +84,11 @@ async fn a_confirmed_order_notifies_the_customer() {
 #[tokio::test]
 async fn a_cancelled_order_tells_the_customer_why() {
     let db = database().await;
-    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
     let order_id = Uuid::new_v4();
 
     handler
-        .handle(&outcome_event("c", "order.cancelled", order_id))
+        .apply(&outcome_event("c", "order.cancelled", order_id))
         .await
         .unwrap();
 
@@ -111,12 +111,12 @@ async fn a_cancelled_order_tells_the_customer_why() {
 #[tokio::test]
 async fn the_same_event_twice_notifies_once() {
     let db = database().await;
-    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
     let order_id = Uuid::new_v4();
     let event = outcome_event("same", "order.confirmed", order_id);
 
-    assert_eq!(handler.handle(&event).await.unwrap(), Outcome::Applied);
-    assert_eq!(handler.handle(&event).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
+    assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Duplicate);
 
     assert_eq!(notifications(&db, order_id).await, 1);
     assert_eq!(sent_events(&db, order_id).await, 1);
@@ -133,15 +133,15 @@ async fn the_same_event_twice_notifies_once() {
 #[tokio::test]
 async fn a_second_outcome_with_a_new_id_does_not_notify_again() {
     let db = database().await;
-    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
     let order_id = Uuid::new_v4();
     handler
-        .handle(&outcome_event("first", "order.confirmed", order_id))
+        .apply(&outcome_event("first", "order.confirmed", order_id))
         .await
         .unwrap();
 
     let outcome = handler
-        .handle(&outcome_event("other", "order.cancelled", order_id))
+        .apply(&outcome_event("other", "order.cancelled", order_id))
         .await
         .unwrap();
 
@@ -153,14 +153,14 @@ async fn a_second_outcome_with_a_new_id_does_not_notify_again() {
 #[tokio::test]
 async fn two_outcomes_for_one_order_applied_concurrently_notify_exactly_once() {
     let db = database().await;
-    let a = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
-    let b = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let a = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
+    let b = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
     for round in 0..60 {
         let order_id = Uuid::new_v4();
         let first = outcome_event(&format!("a-{round}"), "order.confirmed", order_id);
         let second = outcome_event(&format!("b-{round}"), "order.cancelled", order_id);
 
-        let (x, y) = tokio::join!(a.handle(&first), b.handle(&second));
+        let (x, y) = tokio::join!(a.apply(&first), b.apply(&second));
         let mut outcomes = [x.unwrap().as_str(), y.unwrap().as_str()];
         outcomes.sort();
 
@@ -173,11 +173,11 @@ async fn two_outcomes_for_one_order_applied_concurrently_notify_exactly_once() {
 #[tokio::test]
 async fn order_created_is_not_a_notification() {
     let db = database().await;
-    let handler = NotifyCustomer::new(db.pool.clone(), Topics::new(""));
+    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
     let order_id = Uuid::new_v4();
 
     let outcome = handler
-        .handle(&outcome_event("x", "order.created", order_id))
+        .apply(&outcome_event("x", "order.created", order_id))
         .await
         .unwrap();
 

@@ -11,7 +11,7 @@
 //!
 //! Only then: set the status and enqueue `order.confirmed` / `order.cancelled`.
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::Transaction;
 use saga::events::{self, OrderOutcome, PaymentResult};
 use saga::outbox::{self, NewEvent};
 use saga::{Envelope, Handler, HandlerError, Outcome, Topics};
@@ -19,18 +19,20 @@ use saga::{Envelope, Handler, HandlerError, Outcome, Topics};
 use crate::orders::OrderStatus;
 
 pub struct ApplyPaymentResult {
-    pool: Pool,
     topics: Topics,
 }
 
 impl ApplyPaymentResult {
-    pub fn new(pool: Pool, topics: Topics) -> Self {
-        Self { pool, topics }
+    pub fn new(topics: Topics) -> Self {
+        Self { topics }
     }
 }
 
 impl Handler for ApplyPaymentResult {
-    async fn handle(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
+    /// The payment result, and the status it decides.
+    type Command = (PaymentResult, OrderStatus);
+
+    fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError> {
         let decided = match event.event_type.as_str() {
             events::PAYMENT_SUCCEEDED => OrderStatus::Confirmed,
             events::PAYMENT_FAILED => OrderStatus::Cancelled,
@@ -42,23 +44,31 @@ impl Handler for ApplyPaymentResult {
         };
         let payment: PaymentResult = event.payload()?;
         event.check_aggregate(payment.order_id)?;
-        apply_payment_result(&self.pool, &self.topics, event, &payment, decided).await
+        Ok(Some((payment, decided)))
+    }
+
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        (payment, decided): Self::Command,
+    ) -> Result<Outcome, HandlerError> {
+        apply_payment_result(tx, &self.topics, event, &payment, decided).await
     }
 }
 
 #[tracing::instrument(skip_all, fields(order_id = %payment.order_id, event_id = %event.id))]
 pub async fn apply_payment_result(
-    pool: &Pool,
+    tx: &Transaction<'_>,
     topics: &Topics,
     event: &Envelope,
     payment: &PaymentResult,
     decided: OrderStatus,
 ) -> Result<Outcome, HandlerError> {
-    let mut client = pool.get().await?;
     // Each statement is prepared once per pooled connection (`prepare_cached`), not on
     // every call: parsing and planning it again, and the extra round trip that takes,
-    // cost more than running it.
-    let tx = client.transaction().await?;
+    // cost more than running it. The caller opened `tx` and commits it when this
+    // returns `Ok`, whatever the outcome.
 
     // Guard 1: have we applied this very event before?
     let claimed = tx
@@ -71,7 +81,6 @@ pub async fn apply_payment_result(
         )
         .await?;
     if claimed == 0 {
-        tx.commit().await?;
         return Ok(Outcome::Duplicate);
     }
 
@@ -93,7 +102,6 @@ pub async fn apply_payment_result(
         )));
     };
     if OrderStatus::from_db(order.get("status")).is_terminal() {
-        tx.commit().await?;
         return Ok(Outcome::Guarded);
     }
 
@@ -117,7 +125,7 @@ pub async fn apply_payment_result(
     let outcome_id = events::order_outcome_id(payment.order_id);
     let order_key = payment.order_id.to_string();
     outbox::enqueue(
-        &tx,
+        tx,
         &NewEvent {
             event_id: &outcome_id,
             topic: &topics.orders,
@@ -135,7 +143,5 @@ pub async fn apply_payment_result(
         },
     )
     .await?;
-    saga::failpoint::crash_point(saga::failpoint::HANDLER_BEFORE_COMMIT);
-    tx.commit().await?;
     Ok(Outcome::Applied)
 }

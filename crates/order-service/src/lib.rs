@@ -11,7 +11,6 @@ pub mod apply_payment_result;
 pub mod orders;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use clap::Parser;
 use saga::config::{DatabaseConfig, KafkaConfig};
@@ -72,10 +71,10 @@ impl Application {
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
         let router = api::router(self.service.pool.clone(), topics.clone());
-        let handler = ApplyPaymentResult::new(self.service.pool.clone(), topics.clone());
+        let handler = ApplyPaymentResult::new(topics.clone());
         let subscription = Subscription {
             topic: topics.payments.clone(),
-            handler: Arc::new(handler),
+            handler,
         };
         self.service.run(router, subscription, shutdown).await
     }

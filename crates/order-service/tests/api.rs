@@ -27,10 +27,12 @@ async fn spawn_app() -> TestApp {
         database: DatabaseConfig {
             database_url: db.url.clone(),
             database_pool_size: 4,
+            consumer_pool_size: 2,
         },
         kafka: KafkaConfig {
             kafka_brokers: kafka.brokers.clone(),
             kafka_namespace: kafka.namespace.clone(),
+            consumer_batch_size: 1,
             outbox_poll_interval_ms: 200,
         },
         http_addr: "127.0.0.1:0".parse().unwrap(),

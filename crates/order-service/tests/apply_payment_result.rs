@@ -3,7 +3,7 @@
 use order_service::apply_payment_result::ApplyPaymentResult;
 use order_service::orders::{self, NewLine};
 use saga::events::{self, PAYMENT_FAILED, PAYMENT_SUCCEEDED};
-use saga::{Envelope, Handler, HandlerError, Outcome, Topics};
+use saga::{Applier, Envelope, HandlerError, Outcome, Topics};
 use saga_testkit::TestDatabase;
 use serde_json::json;
 use uuid::Uuid;
@@ -12,14 +12,14 @@ const KEYBOARD: &str = "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21";
 
 struct Fixture {
     db: TestDatabase,
-    handler: ApplyPaymentResult,
+    handler: Applier<ApplyPaymentResult>,
     topics: Topics,
 }
 
 async fn fixture() -> Fixture {
     let db = TestDatabase::migrated(order_service::migrations, order_service::HISTORY_TABLE).await;
     let topics = Topics::new("");
-    let handler = ApplyPaymentResult::new(db.pool.clone(), topics.clone());
+    let handler = Applier::new(db.pool.clone(), ApplyPaymentResult::new(topics.clone()));
     Fixture {
         db,
         handler,
@@ -87,7 +87,7 @@ async fn a_payment_success_confirms_the_order_and_announces_it() {
         order_id,
     );
 
-    assert_eq!(f.handler.handle(&event).await.unwrap(), Outcome::Applied);
+    assert_eq!(f.handler.apply(&event).await.unwrap(), Outcome::Applied);
 
     assert_eq!(f.status(order_id).await, "confirmed");
     let client = f.db.client().await;
@@ -111,7 +111,7 @@ async fn a_payment_failure_cancels_the_order_with_its_reason() {
     let order_id = f.pending_order().await;
     let event = payment_result("p-1", PAYMENT_FAILED, order_id);
 
-    assert_eq!(f.handler.handle(&event).await.unwrap(), Outcome::Applied);
+    assert_eq!(f.handler.apply(&event).await.unwrap(), Outcome::Applied);
 
     let client = f.db.client().await;
     let order = orders::find_order(&client, order_id)
@@ -129,7 +129,7 @@ async fn the_same_event_twice_changes_state_once() {
     let order_id = f.pending_order().await;
     let event = payment_result("same-1", PAYMENT_SUCCEEDED, order_id);
 
-    assert_eq!(f.handler.handle(&event).await.unwrap(), Outcome::Applied);
+    assert_eq!(f.handler.apply(&event).await.unwrap(), Outcome::Applied);
     let updated_at_first: time::OffsetDateTime =
         f.db.client()
             .await
@@ -137,7 +137,7 @@ async fn the_same_event_twice_changes_state_once() {
             .await
             .unwrap()
             .get(0);
-    assert_eq!(f.handler.handle(&event).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(f.handler.apply(&event).await.unwrap(), Outcome::Duplicate);
 
     assert_eq!(f.status(order_id).await, "confirmed");
     assert_eq!(f.processed("same-1").await, 1);
@@ -160,18 +160,18 @@ async fn a_late_failure_with_a_new_id_leaves_a_confirmed_order_confirmed() {
     let f = fixture().await;
     let order_id = f.pending_order().await;
     f.handler
-        .handle(&payment_result("first", PAYMENT_SUCCEEDED, order_id))
+        .apply(&payment_result("first", PAYMENT_SUCCEEDED, order_id))
         .await
         .unwrap();
 
     let late = payment_result("late-failure-001", PAYMENT_FAILED, order_id);
-    assert_eq!(f.handler.handle(&late).await.unwrap(), Outcome::Guarded);
+    assert_eq!(f.handler.apply(&late).await.unwrap(), Outcome::Guarded);
 
     assert_eq!(f.status(order_id).await, "confirmed");
     assert_eq!(f.outcome_events(order_id).await, 1);
     // The guarded event is recorded, so its own redelivery stops at guard 1.
     assert_eq!(f.processed("late-failure-001").await, 1);
-    assert_eq!(f.handler.handle(&late).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(f.handler.apply(&late).await.unwrap(), Outcome::Duplicate);
 }
 
 #[tokio::test]
@@ -182,9 +182,9 @@ async fn two_results_applied_concurrently_make_exactly_one_transition() {
         let order_id = f.pending_order().await;
         let success = payment_result(&format!("ok-{round}"), PAYMENT_SUCCEEDED, order_id);
         let failure = payment_result(&format!("ko-{round}"), PAYMENT_FAILED, order_id);
-        let other = ApplyPaymentResult::new(f.db.pool.clone(), f.topics.clone());
+        let other = Applier::new(f.db.pool.clone(), ApplyPaymentResult::new(f.topics.clone()));
 
-        let (a, b) = tokio::join!(f.handler.handle(&success), other.handle(&failure));
+        let (a, b) = tokio::join!(f.handler.apply(&success), other.apply(&failure));
         let mut outcomes = [a.unwrap(), b.unwrap()];
         outcomes.sort_by_key(|o| o.as_str());
         assert_eq!(
@@ -233,7 +233,7 @@ async fn a_result_for_an_unknown_order_is_rejected_and_not_recorded() {
     let f = fixture().await;
     let event = payment_result("ghost", PAYMENT_SUCCEEDED, Uuid::new_v4());
 
-    let error = f.handler.handle(&event).await.unwrap_err();
+    let error = f.handler.apply(&event).await.unwrap_err();
 
     assert!(
         matches!(&error, HandlerError::Rejected(reason) if reason.contains("does not exist")),
@@ -248,7 +248,7 @@ async fn an_unknown_event_type_is_rejected() {
     let order_id = f.pending_order().await;
     let event = payment_result("x", "payment.refunded", order_id);
 
-    let error = f.handler.handle(&event).await.unwrap_err();
+    let error = f.handler.apply(&event).await.unwrap_err();
 
     assert!(error.to_string().contains("payment.refunded"), "{error}");
     assert_eq!(f.status(order_id).await, "pending");

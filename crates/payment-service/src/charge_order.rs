@@ -11,7 +11,7 @@
 //! 3. Enqueue `payment.succeeded` / `payment.failed` with id `<order.created id>:payment`,
 //!    so a redelivered `order.created` can only ever produce the same result event.
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::Transaction;
 use saga::events::{self, OrderCreated, PaymentResult};
 use saga::outbox::{self, NewEvent};
 use saga::{Envelope, Handler, HandlerError, Outcome, Topics};
@@ -33,27 +33,24 @@ impl PaymentPolicy {
 }
 
 pub struct ChargeOrder {
-    pool: Pool,
     topics: Topics,
     policy: PaymentPolicy,
 }
 
 impl ChargeOrder {
-    pub fn new(pool: Pool, topics: Topics, policy: PaymentPolicy) -> Self {
-        Self {
-            pool,
-            topics,
-            policy,
-        }
+    pub fn new(topics: Topics, policy: PaymentPolicy) -> Self {
+        Self { topics, policy }
     }
 }
 
 impl Handler for ChargeOrder {
-    async fn handle(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
+    type Command = OrderCreated;
+
+    fn decode(&self, event: &Envelope) -> Result<Option<OrderCreated>, HandlerError> {
         match event.event_type.as_str() {
             events::ORDER_CREATED => {}
             // The saga's outcomes share the topic; they are notification-service's.
-            events::ORDER_CONFIRMED | events::ORDER_CANCELLED => return Ok(Outcome::Ignored),
+            events::ORDER_CONFIRMED | events::ORDER_CANCELLED => return Ok(None),
             other => {
                 return Err(HandlerError::rejected(format!(
                     "unknown event type `{other}` on the orders topic"
@@ -62,13 +59,22 @@ impl Handler for ChargeOrder {
         }
         let order: OrderCreated = event.payload()?;
         event.check_aggregate(order.order_id)?;
-        charge_order(&self.pool, &self.topics, self.policy, event, &order).await
+        Ok(Some(order))
+    }
+
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        order: OrderCreated,
+    ) -> Result<Outcome, HandlerError> {
+        charge_order(tx, &self.topics, self.policy, event, &order).await
     }
 }
 
 #[tracing::instrument(skip_all, fields(order_id = %order.order_id, event_id = %event.id))]
 pub async fn charge_order(
-    pool: &Pool,
+    tx: &Transaction<'_>,
     topics: &Topics,
     policy: PaymentPolicy,
     event: &Envelope,
@@ -81,11 +87,10 @@ pub async fn charge_order(
         "succeeded"
     };
 
-    let mut client = pool.get().await?;
     // Each statement is prepared once per pooled connection (`prepare_cached`), not on
     // every call: parsing and planning it again, and the extra round trip that takes,
-    // cost more than running it.
-    let tx = client.transaction().await?;
+    // cost more than running it. The caller opened `tx` and commits it when this
+    // returns `Ok`, whatever the outcome.
 
     // Guard 1: have we handled this very event before?
     let claimed = tx
@@ -98,7 +103,6 @@ pub async fn charge_order(
         )
         .await?;
     if claimed == 0 {
-        tx.commit().await?;
         return Ok(Outcome::Duplicate);
     }
 
@@ -121,14 +125,13 @@ pub async fn charge_order(
         )
         .await?;
     if inserted == 0 {
-        tx.commit().await?;
         return Ok(Outcome::Guarded);
     }
 
     let result_id = events::payment_result_id(&event.id);
     let order_key = order.order_id.to_string();
     outbox::enqueue(
-        &tx,
+        tx,
         &NewEvent {
             event_id: &result_id,
             topic: &topics.payments,
@@ -146,8 +149,6 @@ pub async fn charge_order(
         },
     )
     .await?;
-    saga::failpoint::crash_point(saga::failpoint::HANDLER_BEFORE_COMMIT);
-    tx.commit().await?;
     Ok(Outcome::Applied)
 }
 

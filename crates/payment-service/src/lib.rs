@@ -6,7 +6,6 @@
 pub mod charge_order;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use clap::Parser;
 use saga::config::{DatabaseConfig, KafkaConfig};
@@ -73,10 +72,10 @@ impl Application {
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
-        let handler = ChargeOrder::new(self.service.pool.clone(), topics.clone(), self.policy);
+        let handler = ChargeOrder::new(topics.clone(), self.policy);
         let subscription = Subscription {
             topic: topics.orders.clone(),
-            handler: Arc::new(handler),
+            handler,
         };
         self.service
             .run(axum::Router::new(), subscription, shutdown)

@@ -2,7 +2,7 @@
 
 use payment_service::{ChargeOrder, PaymentPolicy};
 use saga::events::ORDER_CREATED;
-use saga::{Envelope, Handler, Outcome, Topics};
+use saga::{Applier, Envelope, Outcome, Topics};
 use saga_testkit::TestDatabase;
 use serde_json::json;
 use uuid::Uuid;
@@ -50,11 +50,11 @@ async fn results(db: &TestDatabase, order_id: Uuid) -> Vec<(String, String)> {
 #[tokio::test]
 async fn an_order_within_the_limit_is_charged_and_the_result_id_derives_from_the_event() {
     let db = database().await;
-    let handler = ChargeOrder::new(db.pool.clone(), Topics::new(""), LIMIT);
+    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
     let order_id = Uuid::new_v4();
 
     let outcome = handler
-        .handle(&order_created(&order_id.to_string(), order_id, 2598))
+        .apply(&order_created(&order_id.to_string(), order_id, 2598))
         .await
         .unwrap();
 
@@ -71,11 +71,11 @@ async fn an_order_within_the_limit_is_charged_and_the_result_id_derives_from_the
 #[tokio::test]
 async fn an_order_over_the_limit_fails_with_the_reason() {
     let db = database().await;
-    let handler = ChargeOrder::new(db.pool.clone(), Topics::new(""), LIMIT);
+    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
     let order_id = Uuid::new_v4();
 
     handler
-        .handle(&order_created("big", order_id, 129_900))
+        .apply(&order_created("big", order_id, 129_900))
         .await
         .unwrap();
 
@@ -106,12 +106,12 @@ async fn an_order_over_the_limit_fails_with_the_reason() {
 #[tokio::test]
 async fn the_same_event_twice_charges_once() {
     let db = database().await;
-    let handler = ChargeOrder::new(db.pool.clone(), Topics::new(""), LIMIT);
+    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
     let order_id = Uuid::new_v4();
     let event = order_created("created-1", order_id, 2598);
 
-    assert_eq!(handler.handle(&event).await.unwrap(), Outcome::Applied);
-    assert_eq!(handler.handle(&event).await.unwrap(), Outcome::Duplicate);
+    assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
+    assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Duplicate);
 
     assert_eq!(payments(&db, order_id).await, 1);
     assert_eq!(results(&db, order_id).await.len(), 1);
@@ -128,15 +128,15 @@ async fn the_same_event_twice_charges_once() {
 #[tokio::test]
 async fn a_second_order_created_with_a_new_id_does_not_charge_again() {
     let db = database().await;
-    let handler = ChargeOrder::new(db.pool.clone(), Topics::new(""), LIMIT);
+    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
     let order_id = Uuid::new_v4();
     handler
-        .handle(&order_created("first", order_id, 2598))
+        .apply(&order_created("first", order_id, 2598))
         .await
         .unwrap();
 
     let outcome = handler
-        .handle(&order_created("second", order_id, 2598))
+        .apply(&order_created("second", order_id, 2598))
         .await
         .unwrap();
 
@@ -149,14 +149,14 @@ async fn a_second_order_created_with_a_new_id_does_not_charge_again() {
 async fn two_events_for_one_order_applied_concurrently_charge_exactly_once() {
     let db = database().await;
     let topics = Topics::new("");
-    let a = ChargeOrder::new(db.pool.clone(), topics.clone(), LIMIT);
-    let b = ChargeOrder::new(db.pool.clone(), topics, LIMIT);
+    let a = Applier::new(db.pool.clone(), ChargeOrder::new(topics.clone(), LIMIT));
+    let b = Applier::new(db.pool.clone(), ChargeOrder::new(topics, LIMIT));
     for round in 0..60 {
         let order_id = Uuid::new_v4();
         let first = order_created(&format!("a-{round}"), order_id, 2598);
         let second = order_created(&format!("b-{round}"), order_id, 2598);
 
-        let (x, y) = tokio::join!(a.handle(&first), b.handle(&second));
+        let (x, y) = tokio::join!(a.apply(&first), b.apply(&second));
         let mut outcomes = [x.unwrap().as_str(), y.unwrap().as_str()];
         outcomes.sort();
 
@@ -169,7 +169,7 @@ async fn two_events_for_one_order_applied_concurrently_charge_exactly_once() {
 #[tokio::test]
 async fn outcome_events_on_the_shared_topic_are_ignored() {
     let db = database().await;
-    let handler = ChargeOrder::new(db.pool.clone(), Topics::new(""), LIMIT);
+    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
     let order_id = Uuid::new_v4();
     let raw = saga_testkit::envelope(
         "o:outcome",
@@ -179,7 +179,7 @@ async fn outcome_events_on_the_shared_topic_are_ignored() {
     );
 
     let outcome = handler
-        .handle(&Envelope::from_slice(&raw).unwrap())
+        .apply(&Envelope::from_slice(&raw).unwrap())
         .await
         .unwrap();
 
@@ -190,7 +190,7 @@ async fn outcome_events_on_the_shared_topic_are_ignored() {
 #[tokio::test]
 async fn a_payload_missing_a_field_is_rejected_naming_it() {
     let db = database().await;
-    let handler = ChargeOrder::new(db.pool.clone(), Topics::new(""), LIMIT);
+    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
     let order_id = Uuid::new_v4();
     let raw = saga_testkit::envelope(
         "x",
@@ -200,10 +200,120 @@ async fn a_payload_missing_a_field_is_rejected_naming_it() {
     );
 
     let error = handler
-        .handle(&Envelope::from_slice(&raw).unwrap())
+        .apply(&Envelope::from_slice(&raw).unwrap())
         .await
         .unwrap_err();
 
     assert!(error.to_string().contains("customer_id"), "{error}");
     assert_eq!(error.retry(), saga::Retry::Never);
+}
+
+#[tokio::test]
+async fn a_batch_dedupes_and_guards_each_event_on_its_own() {
+    let db = database().await;
+    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let batch = [
+        order_created("a-1", a, 2598),
+        order_created("a-1", a, 2598),
+        order_created("a-2", a, 2598),
+        order_created("b-1", b, 129_900),
+    ];
+
+    let outcomes = handler.apply_batch(&batch).await.unwrap();
+
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Applied,
+            Outcome::Duplicate,
+            Outcome::Guarded,
+            Outcome::Applied
+        ]
+    );
+    assert_eq!(payments(&db, a).await, 1);
+    assert_eq!(
+        results(&db, a).await,
+        [("a-1:payment".to_owned(), "payment.succeeded".to_owned())]
+    );
+    assert_eq!(
+        results(&db, b).await,
+        [("b-1:payment".to_owned(), "payment.failed".to_owned())]
+    );
+    // The batch's repeats are absorbed again when it is redelivered whole.
+    assert_eq!(
+        handler.apply_batch(&batch).await.unwrap(),
+        [Outcome::Duplicate; 4]
+    );
+    assert_eq!(payments(&db, a).await, 1);
+}
+
+#[tokio::test]
+async fn a_batch_that_fails_part_way_commits_none_of_its_events() {
+    let db = database().await;
+    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let (a, c) = (Uuid::new_v4(), Uuid::new_v4());
+    // An outbox row already holds the id the second event's result would take: its
+    // insert fails inside the batch's transaction, after the first event was applied.
+    db.client()
+        .await
+        .execute(
+            "INSERT INTO outbox (event_id, topic, key, type, payload)
+             VALUES ('taken:payment', 'payments', 'k', 'payment.succeeded', '{}')",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let error = handler
+        .apply_batch(&[order_created("a", a, 2598), order_created("taken", c, 2598)])
+        .await
+        .unwrap_err();
+
+    assert!(error.to_string().contains("outbox"), "{error}");
+    assert_eq!(
+        payments(&db, a).await,
+        0,
+        "the first event's payment stayed"
+    );
+    assert_eq!(results(&db, a).await, []);
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM processed_events WHERE event_id = 'a'",
+            &[]
+        )
+        .await,
+        0,
+        "the first event's id stayed recorded: its redelivery would be skipped"
+    );
+}
+
+#[tokio::test]
+async fn two_batches_for_the_same_orders_applied_concurrently_charge_each_once() {
+    let db = database().await;
+    let topics = Topics::new("");
+    let a = Applier::new(db.pool.clone(), ChargeOrder::new(topics.clone(), LIMIT));
+    let b = Applier::new(db.pool.clone(), ChargeOrder::new(topics, LIMIT));
+    for round in 0..20 {
+        let orders: Vec<Uuid> = (0..8).map(|_| Uuid::new_v4()).collect();
+        let first: Vec<Envelope> = orders
+            .iter()
+            .map(|id| order_created(&format!("a-{id}"), *id, 2598))
+            .collect();
+        let second: Vec<Envelope> = orders
+            .iter()
+            .map(|id| order_created(&format!("b-{id}"), *id, 2598))
+            .collect();
+
+        let (x, y) = tokio::join!(a.apply_batch(&first), b.apply_batch(&second));
+        let (x, y) = (x.unwrap(), y.unwrap());
+
+        for (n, order_id) in orders.iter().enumerate() {
+            let mut outcomes = [x[n].as_str(), y[n].as_str()];
+            outcomes.sort();
+            assert_eq!(outcomes, ["applied", "guarded"], "round {round}, order {n}");
+            assert_eq!(payments(&db, *order_id).await, 1, "round {round}");
+            assert_eq!(results(&db, *order_id).await.len(), 1, "round {round}");
+        }
+    }
 }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use clap::Args;
+use clap::builder::TypedValueParser as _;
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseConfig {
@@ -12,9 +13,16 @@ pub struct DatabaseConfig {
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: String,
 
-    /// Connections in the pool shared by the HTTP handlers and the consumer's partitions.
-    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8)]
+    /// Connections for the HTTP handlers.
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub database_pool_size: usize,
+
+    /// Connections for the consumer's partitions, apart from the HTTP handlers' so a
+    /// burst of requests cannot starve the saga's progress (and the other way round).
+    #[arg(long, env = "CONSUMER_POOL_SIZE", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub consumer_pool_size: usize,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -27,6 +35,13 @@ pub struct KafkaConfig {
     /// (one per test, say) can share a broker without seeing each other's events.
     #[arg(long, env = "KAFKA_NAMESPACE", default_value = "")]
     pub kafka_namespace: String,
+
+    /// Most records of one partition the consumer applies in one transaction. 1 (the
+    /// default) is one transaction per record; more trades a little latency under load
+    /// for throughput, and changes no guarantee.
+    #[arg(long, env = "CONSUMER_BATCH_SIZE", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1000).map(|n| n as usize))]
+    pub consumer_batch_size: usize,
 
     /// How often the outbox relay looks for unpublished rows when no NOTIFY woke it.
     #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 1000,

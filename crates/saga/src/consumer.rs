@@ -15,6 +15,12 @@
 //! - **Nothing is skipped.** A transient failure (database down) is retried with backoff
 //!   for as long as it lasts. A record that can never be processed goes to the group's
 //!   dead-letter topic with the reason in its headers, and the partition moves on.
+//! - **Batches, if asked for.** With `batch_size` > 1 a worker takes the records already
+//!   waiting for it (never waiting for more) and applies them in one transaction
+//!   ([`Applier::apply_batch`]), each still deduplicated and guarded on its own; the
+//!   last offset is stored after the commit. If the batch fails, nothing of it was
+//!   committed, and its records are applied one at a time with the usual retries and dead
+//!   letters, so a poison record costs one rolled-back batch, not a stuck partition.
 //! - **Graceful stop.** On shutdown, workers stop *between* records, never inside a
 //!   handler; stored offsets are committed once more before the consumer closes.
 
@@ -39,7 +45,7 @@ use tracing::Instrument;
 use crate::backoff;
 use crate::envelope::Envelope;
 use crate::failpoint;
-use crate::handler::{Handler, Retry};
+use crate::handler::{Applier, Handler, Retry};
 
 /// Records buffered per partition ahead of its worker. Small: the broker is the buffer.
 const PARTITION_QUEUE: usize = 64;
@@ -53,6 +59,9 @@ pub struct ConsumerSettings {
     pub dead_letter_topic: String,
     /// Attempts for a failure of class [`Retry::AFewTimes`] before dead-lettering.
     pub max_attempts: u32,
+    /// Most records of one partition applied in one transaction; 1 is a transaction per
+    /// record.
+    pub batch_size: usize,
 }
 
 impl ConsumerSettings {
@@ -63,6 +72,7 @@ impl ConsumerSettings {
             topic,
             dead_letter_topic,
             max_attempts: 5,
+            batch_size: 1,
         }
     }
 }
@@ -134,10 +144,10 @@ fn partitions(tpl: &TopicPartitionList) -> String {
 
 type SagaConsumer = StreamConsumer<SagaConsumerContext>;
 
-/// Consumes `settings.topic` with `handler` until `shutdown` is cancelled.
+/// Consumes `settings.topic` with `applier` until `shutdown` is cancelled.
 pub async fn run<H: Handler>(
     settings: ConsumerSettings,
-    handler: Arc<H>,
+    applier: Arc<Applier<H>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let consumer: Arc<SagaConsumer> = Arc::new(
@@ -158,7 +168,7 @@ pub async fn run<H: Handler>(
         crate::kafka::idempotent_producer(&settings.brokers).create()?;
     let worker = Arc::new(PartitionWorker {
         consumer: consumer.clone(),
-        handler,
+        applier,
         dead_letters,
         settings: settings.clone(),
         shutdown: shutdown.clone(),
@@ -219,10 +229,22 @@ pub async fn run<H: Handler>(
     Ok(())
 }
 
+/// The span every line about one record is logged in; the fault suite finds each
+/// offset's fate by it.
+fn record_span(message: &OwnedMessage) -> tracing::Span {
+    tracing::info_span!(
+        "record",
+        topic = message.topic(),
+        partition = message.partition(),
+        offset = message.offset(),
+        event_id = tracing::field::Empty,
+    )
+}
+
 /// Applies the records of one partition, in order.
 struct PartitionWorker<H> {
     consumer: Arc<SagaConsumer>,
-    handler: Arc<H>,
+    applier: Arc<Applier<H>>,
     dead_letters: FutureProducer,
     settings: ConsumerSettings,
     shutdown: CancellationToken,
@@ -237,24 +259,75 @@ enum Done {
 
 impl<H: Handler> PartitionWorker<H> {
     async fn run(self: Arc<Self>, mut queue: mpsc::Receiver<OwnedMessage>) {
+        let mut batch = Vec::with_capacity(self.settings.batch_size);
         while let Some(message) = queue.recv().await {
+            batch.push(message);
+            while batch.len() < self.settings.batch_size {
+                match queue.try_recv() {
+                    Ok(message) => batch.push(message),
+                    Err(_) => break,
+                }
+            }
             if self.shutdown.is_cancelled() {
                 return;
             }
-            let span = tracing::info_span!(
-                "record",
-                topic = message.topic(),
-                partition = message.partition(),
-                offset = message.offset(),
-                event_id = tracing::field::Empty,
-            );
-            match self.process(&message).instrument(span).await {
-                Done::Finished => {
-                    // A crash here redelivers a record whose effects are committed.
-                    failpoint::crash_point(failpoint::CONSUMER_AFTER_HANDLER);
-                    self.store_offset(&message)
+            if batch.len() > 1 && self.process_batch(&batch).await {
+                failpoint::crash_point(failpoint::CONSUMER_AFTER_HANDLER);
+                self.store_offset(batch.last().expect("a batch is never empty"));
+            } else {
+                for message in &batch {
+                    if self.shutdown.is_cancelled() {
+                        return;
+                    }
+                    match self.process(message).instrument(record_span(message)).await {
+                        Done::Finished => {
+                            // A crash here redelivers a record whose effects are committed.
+                            failpoint::crash_point(failpoint::CONSUMER_AFTER_HANDLER);
+                            self.store_offset(message)
+                        }
+                        Done::Abandoned => return,
+                    }
                 }
-                Done::Abandoned => return,
+            }
+            batch.clear();
+        }
+    }
+
+    /// Applies `batch` in one transaction; false if it did not commit (nothing of it
+    /// did), and its records are to be applied one at a time.
+    async fn process_batch(&self, batch: &[OwnedMessage]) -> bool {
+        let Ok(events) = batch
+            .iter()
+            .map(|message| Envelope::from_slice(message.payload().unwrap_or_default()))
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            return false;
+        };
+        match self.applier.apply_batch(&events).await {
+            Ok(outcomes) => {
+                for ((message, event), outcome) in batch.iter().zip(&events).zip(outcomes) {
+                    let span = record_span(message);
+                    span.record("event_id", event.id.as_str());
+                    span.in_scope(|| {
+                        tracing::info!(
+                            event_type = %event.event_type,
+                            outcome = outcome.as_str(),
+                            "event handled"
+                        )
+                    });
+                }
+                true
+            }
+            Err(error) => {
+                tracing::info!(
+                    topic = batch[0].topic(),
+                    partition = batch[0].partition(),
+                    first_offset = batch[0].offset(),
+                    records = batch.len(),
+                    %error,
+                    "batch rolled back; applying its records one at a time"
+                );
+                false
             }
         }
     }
@@ -275,7 +348,7 @@ impl<H: Handler> PartitionWorker<H> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let error = match self.handler.handle(&envelope).await {
+            let error = match self.applier.apply(&envelope).await {
                 Ok(outcome) => {
                     tracing::info!(
                         event_type = %envelope.event_type,

@@ -42,9 +42,10 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
     Ok(config)
 }
 
-/// The pool shared by HTTP handlers and consumer partitions. Connections are made lazily,
-/// so a service starts even while the database is down and recovers when it is back.
-pub fn pool(config: &DatabaseConfig) -> Result<Pool, DbError> {
+/// A pool of at most `max_size` connections to the service's database. Connections are
+/// made lazily, so a service starts even while the database is down and recovers when it
+/// is back.
+pub fn pool(config: &DatabaseConfig, max_size: usize) -> Result<Pool, DbError> {
     let manager = Manager::from_config(
         parse_url(&config.database_url)?,
         NoTls,
@@ -53,7 +54,7 @@ pub fn pool(config: &DatabaseConfig) -> Result<Pool, DbError> {
         },
     );
     Ok(Pool::builder(manager)
-        .max_size(config.database_pool_size)
+        .max_size(max_size)
         .wait_timeout(Some(Duration::from_secs(10)))
         .create_timeout(Some(Duration::from_secs(5)))
         .runtime(Runtime::Tokio1)

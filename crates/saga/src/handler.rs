@@ -1,12 +1,17 @@
 //! What a consumer asks of the code that applies an event, and what it gets back.
 //!
-//! A handler applies one event in one database transaction and says how it went
+//! A handler applies an event inside a database transaction and says how it went
 //! ([`Outcome`]), or fails with a [`HandlerError`] whose [`Retry`] class decides what the
 //! consumer does next: retry with backoff, retry a few times, or dead-letter at once.
+//! [`Applier`] owns the transactions: one per event, or one per batch of a partition's
+//! events.
 
 use std::future::Future;
 
+use deadpool_postgres::{Pool, Transaction};
+
 use crate::envelope::{Envelope, EnvelopeError};
+use crate::failpoint;
 
 /// What applying one event did. Every variant means "done": the offset may be committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,12 +113,82 @@ pub fn classify_postgres(error: &tokio_postgres::Error) -> Retry {
     }
 }
 
-/// Applies events of one topic. Implementations run each event in one transaction:
-/// dedupe insert into `processed_events`, `SELECT … FOR UPDATE` on the aggregate, state
-/// change plus outbox row, commit.
+/// Applies events of one topic. A handler is split in two so the caller owns the
+/// transaction: [`decode`](Handler::decode) reads the event alone (no database), and
+/// [`apply`](Handler::apply) runs the guards and the state change inside a transaction it
+/// is handed. That lets [`Applier`] run one event per transaction, or several events of a
+/// partition in one, with the same handler code.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(
+    /// What an event asks of this consumer, once read and checked.
+    type Command: Send + Sync;
+
+    /// `Ok(None)` for an event this consumer has no business with; [`HandlerError::Rejected`]
+    /// for one it can never apply (unknown type, a payload that does not decode).
+    fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError>;
+
+    /// Guard 1 (the event id into `processed_events`), guard 2 (the aggregate's state,
+    /// locked), then the state change and its outbox row. The caller commits when this
+    /// returns `Ok`, whatever the outcome (a duplicate or guarded event's id stays
+    /// recorded), and rolls back on `Err`.
+    fn apply(
         &self,
+        tx: &Transaction<'_>,
         event: &Envelope,
+        command: Self::Command,
     ) -> impl Future<Output = Result<Outcome, HandlerError>> + Send;
+}
+
+/// A handler and the pool its transactions run on.
+pub struct Applier<H> {
+    pool: Pool,
+    handler: H,
+}
+
+impl<H: Handler> Applier<H> {
+    pub fn new(pool: Pool, handler: H) -> Self {
+        Self { pool, handler }
+    }
+
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// Applies `event` in a transaction of its own.
+    pub async fn apply(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
+        let Some(command) = self.handler.decode(event)? else {
+            return Ok(Outcome::Ignored);
+        };
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let outcome = self.handler.apply(&tx, event, command).await?;
+        failpoint::crash_point(failpoint::HANDLER_BEFORE_COMMIT);
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// Applies `events` (one partition's, in offset order) in one transaction: one
+    /// commit, so one WAL flush, for all of them. Each is still deduplicated and guarded
+    /// on its own, in order, so a later event sees what an earlier one of the batch did.
+    /// All or nothing: an error, from any event, rolls the whole batch back and names no
+    /// event; the caller applies them one at a time to find it.
+    pub async fn apply_batch(&self, events: &[Envelope]) -> Result<Vec<Outcome>, HandlerError> {
+        let commands = events
+            .iter()
+            .map(|event| self.handler.decode(event))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut outcomes = vec![Outcome::Ignored; events.len()];
+        if commands.iter().all(Option::is_none) {
+            return Ok(outcomes);
+        }
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        for ((event, command), outcome) in events.iter().zip(commands).zip(&mut outcomes) {
+            if let Some(command) = command {
+                *outcome = self.handler.apply(&tx, event, command).await?;
+            }
+        }
+        failpoint::crash_point(failpoint::HANDLER_BEFORE_COMMIT);
+        tx.commit().await?;
+        Ok(outcomes)
+    }
 }

@@ -3,10 +3,12 @@
 //!
 //! - [`envelope`]: the wire format, and parse errors that say what is wrong.
 //! - [`events`]: the event catalog: types, payloads, deterministic ids.
-//! - [`handler`]: what applying an event returns ([`Outcome`]) and how a failure is
-//!   retried ([`Retry`]).
+//! - [`handler`]: the [`Handler`] a service writes (decode, then guards and state change
+//!   inside a transaction it is handed), the [`Applier`] that owns those transactions (one
+//!   per event, or one per batch), what applying returns ([`Outcome`]) and how a failure
+//!   is retried ([`Retry`]).
 //! - [`consumer`]: the loop: per-partition order, offset stored after the handler,
-//!   backoff, dead letters, graceful stop.
+//!   optional batches, backoff, dead letters, graceful stop.
 //! - [`outbox`]: [`outbox::enqueue`] inside the handler's transaction, and the
 //!   [`OutboxRelay`] that publishes committed rows.
 //! - [`failpoint`]: where the fault suite makes a service die on purpose; off unless
@@ -37,6 +39,6 @@ pub mod shutdown;
 pub mod telemetry;
 
 pub use envelope::{Envelope, EnvelopeError};
-pub use handler::{Handler, HandlerError, Outcome, Retry};
+pub use handler::{Applier, Handler, HandlerError, Outcome, Retry};
 pub use kafka::Topics;
 pub use outbox::OutboxRelay;

@@ -18,14 +18,16 @@ use tokio_util::task::TaskTracker;
 use crate::config::{DatabaseConfig, KafkaConfig};
 use crate::consumer::{self, ConsumerSettings};
 use crate::db::{self, DbError};
-use crate::{Handler, OutboxRelay, Topics, backoff};
+use crate::{Applier, Handler, OutboxRelay, Topics, backoff};
 
 /// A service between start-up and shutdown.
 pub struct Service {
     /// Names the consumer group and the dead-letter topic, and labels the logs.
     pub name: &'static str,
-    /// Shared by HTTP handlers and the consumer's partitions.
+    /// The HTTP handlers'.
     pub pool: Pool,
+    /// The consumer's partitions'.
+    consumer_pool: Pool,
     listener: TcpListener,
     database_url: String,
     kafka: KafkaConfig,
@@ -34,7 +36,7 @@ pub struct Service {
 /// One topic this service consumes, and what applies its events.
 pub struct Subscription<H> {
     pub topic: String,
-    pub handler: Arc<H>,
+    pub handler: H,
 }
 
 impl Service {
@@ -67,7 +69,8 @@ impl Service {
         }
         Ok(Self {
             name,
-            pool: db::pool(database)?,
+            pool: db::pool(database, database.database_pool_size)?,
+            consumer_pool: db::pool(database, database.consumer_pool_size)?,
             listener,
             database_url: database.database_url.clone(),
             kafka: kafka.clone(),
@@ -94,12 +97,15 @@ impl Service {
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
         let topics = self.topics();
-        let settings = ConsumerSettings::new(
-            &self.kafka.kafka_brokers,
-            topics.group(self.name),
-            subscription.topic.clone(),
-            topics.dead_letter(&subscription.topic, self.name),
-        );
+        let settings = ConsumerSettings {
+            batch_size: self.kafka.consumer_batch_size,
+            ..ConsumerSettings::new(
+                &self.kafka.kafka_brokers,
+                topics.group(self.name),
+                subscription.topic.clone(),
+                topics.dead_letter(&subscription.topic, self.name),
+            )
+        };
         let relay = OutboxRelay::new(
             &self.database_url,
             &self.kafka.kafka_brokers,
@@ -113,9 +119,10 @@ impl Service {
             "http",
             crate::http::serve(self.listener, router, shutdown.clone()),
         );
+        let applier = Arc::new(Applier::new(self.consumer_pool, subscription.handler));
         tasks.spawn(
             "consumer",
-            consumer::run(settings, subscription.handler, shutdown.clone()),
+            consumer::run(settings, applier, shutdown.clone()),
         );
         let relay_shutdown = shutdown.clone();
         tasks.spawn("outbox relay", async move {

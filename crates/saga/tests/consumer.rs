@@ -5,10 +5,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use deadpool_postgres::Transaction;
 use futures::future::BoxFuture;
 use rdkafka::message::Message;
 use saga::consumer::{self, ConsumerSettings};
-use saga::{Envelope, Handler, HandlerError, Outcome};
+use saga::{Applier, Envelope, Handler, HandlerError, Outcome};
 use saga_testkit::{TestDatabase, TestKafka, eventually, header};
 use serde_json::json;
 use tokio::sync::Semaphore;
@@ -21,8 +22,13 @@ const SERVICE: &str = "payment-service";
 type Behaviour =
     dyn Fn(Envelope, u32) -> BoxFuture<'static, Result<Outcome, HandlerError>> + Send + Sync;
 
-/// Records every event it applies, in order, after `behaviour` lets it through.
-struct Recorder {
+/// Records every event it applies, in order, after `behaviour` lets it through: in
+/// memory as it applies it, and in the `applied` table inside the transaction it is
+/// handed, so that table holds what was committed.
+#[derive(Clone)]
+struct Recorder(Arc<RecorderState>);
+
+struct RecorderState {
     applied: Mutex<Vec<String>>,
     attempts: Mutex<BTreeMap<String, u32>>,
     behaviour: Box<Behaviour>,
@@ -34,39 +40,74 @@ impl Recorder {
         + Send
         + Sync
         + 'static,
-    ) -> Arc<Self> {
-        Arc::new(Self {
+    ) -> Self {
+        Self(Arc::new(RecorderState {
             applied: Mutex::default(),
             attempts: Mutex::default(),
             behaviour: Box::new(behaviour),
-        })
+        }))
     }
 
-    fn obedient() -> Arc<Self> {
+    fn obedient() -> Self {
         Self::new(|_, _| Box::pin(async { Ok(Outcome::Applied) }))
     }
 
     fn applied(&self) -> Vec<String> {
-        self.applied.lock().unwrap().clone()
+        self.0.applied.lock().unwrap().clone()
     }
 
     fn attempts(&self, id: &str) -> u32 {
-        self.attempts.lock().unwrap().get(id).copied().unwrap_or(0)
+        self.0
+            .attempts
+            .lock()
+            .unwrap()
+            .get(id)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
 impl Handler for Recorder {
-    async fn handle(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
+    type Command = ();
+
+    fn decode(&self, _: &Envelope) -> Result<Option<()>, HandlerError> {
+        Ok(Some(()))
+    }
+
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        (): (),
+    ) -> Result<Outcome, HandlerError> {
         let attempt = {
-            let mut attempts = self.attempts.lock().unwrap();
+            let mut attempts = self.0.attempts.lock().unwrap();
             let n = attempts.entry(event.id.clone()).or_default();
             *n += 1;
             *n
         };
-        let outcome = (self.behaviour)(event.clone(), attempt).await?;
-        self.applied.lock().unwrap().push(event.id.clone());
+        let outcome = (self.0.behaviour)(event.clone(), attempt).await?;
+        tx.execute(
+            "INSERT INTO applied (event_id, txid) VALUES ($1, txid_current())",
+            &[&event.id],
+        )
+        .await?;
+        self.0.applied.lock().unwrap().push(event.id.clone());
         Ok(outcome)
     }
+}
+
+/// A database for the recorder's `applied` table.
+async fn database() -> TestDatabase {
+    let db = TestDatabase::empty().await;
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE applied (seq bigserial PRIMARY KEY, event_id text NOT NULL, txid bigint NOT NULL)",
+        )
+        .await
+        .unwrap();
+    db
 }
 
 fn event(id: &str) -> Vec<u8> {
@@ -81,15 +122,27 @@ fn transient() -> HandlerError {
 
 struct Run {
     kafka: TestKafka,
+    db: TestDatabase,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-async fn start(kafka: TestKafka, handler: Arc<Recorder>) -> Run {
+async fn start(kafka: TestKafka, handler: Recorder) -> Run {
+    start_with(kafka, handler, settings).await
+}
+
+async fn start_with(
+    kafka: TestKafka,
+    handler: Recorder,
+    settings: impl Fn(&TestKafka) -> ConsumerSettings,
+) -> Run {
+    let db = database().await;
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(consumer::run(settings(&kafka), handler, shutdown.clone()));
+    let applier = Arc::new(Applier::new(db.pool.clone(), handler));
+    let task = tokio::spawn(consumer::run(settings(&kafka), applier, shutdown.clone()));
     Run {
         kafka,
+        db,
         shutdown,
         task,
     }
@@ -131,6 +184,19 @@ impl Run {
                 partition,
             )
             .await
+    }
+
+    /// What the `applied` table holds, in commit order: event id and transaction id.
+    async fn committed_events(&self) -> Vec<(String, i64)> {
+        self.db
+            .client()
+            .await
+            .query("SELECT event_id, txid FROM applied ORDER BY seq", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect()
     }
 
     async fn stop(self) {
@@ -385,7 +451,7 @@ async fn a_rebalance_loses_nothing() {
     let shutdown_b = CancellationToken::new();
     let task_b = tokio::spawn(consumer::run(
         settings(&run_a.kafka),
-        second.clone(),
+        Arc::new(Applier::new(run_a.db.pool.clone(), second.clone())),
         shutdown_b.clone(),
     ));
     eventually(
@@ -406,6 +472,7 @@ async fn a_rebalance_loses_nothing() {
         kafka,
         shutdown,
         task,
+        ..
     } = run_a;
     shutdown.cancel();
     for _ in 0..50 {
@@ -448,4 +515,113 @@ async fn produce_next(kafka: &TestKafka, produced: &Mutex<Vec<String>>) {
     kafka
         .produce_to(&kafka.topics.orders, Some(partition), None, &event(&id))
         .await;
+}
+
+fn batched(size: usize) -> impl Fn(&TestKafka) -> ConsumerSettings {
+    move |kafka| ConsumerSettings {
+        batch_size: size,
+        ..settings(kafka)
+    }
+}
+
+/// The records of one partition, in offset order, grouped by the transaction that
+/// committed them.
+fn transactions(committed: &[(String, i64)]) -> Vec<Vec<String>> {
+    let mut grouped: Vec<(i64, Vec<String>)> = Vec::new();
+    for (id, txid) in committed {
+        match grouped.last_mut() {
+            Some((last, ids)) if last == txid => ids.push(id.clone()),
+            _ => grouped.push((*txid, vec![id.clone()])),
+        }
+    }
+    grouped.into_iter().map(|(_, ids)| ids).collect()
+}
+
+#[tokio::test]
+async fn batched_records_waiting_for_a_partition_commit_together_in_order_each_once() {
+    let kafka = TestKafka::new().await;
+    let ids: Vec<String> = (0..60).map(|n| format!("b-{n}")).collect();
+    // Produced before the consumer starts, so they are waiting when it does.
+    for id in &ids {
+        kafka
+            .produce_to(&kafka.topics.orders, Some(0), None, &event(id))
+            .await;
+    }
+    let run = start_with(kafka, Recorder::obedient(), batched(16)).await;
+
+    run.caught_up().await;
+
+    let committed = run.committed_events().await;
+    let order: Vec<String> = committed.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(order, ids, "every record committed once, in offset order");
+    let transactions = transactions(&committed);
+    assert!(
+        transactions.len() < ids.len(),
+        "no two records shared a transaction: {transactions:?}"
+    );
+    assert!(
+        transactions.iter().all(|t| t.len() <= 16),
+        "a transaction held more than the batch size: {transactions:?}"
+    );
+    assert_eq!(run.committed(0).await, 60);
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_batch_with_a_poison_record_commits_nothing_then_each_record_is_applied_alone() {
+    let kafka = TestKafka::new().await;
+    let ids: Vec<String> = (0..40).map(|n| format!("q-{n}")).collect();
+    for id in &ids {
+        kafka
+            .produce_to(&kafka.topics.orders, Some(1), None, &event(id))
+            .await;
+    }
+    // Every fifth record can never be applied: each batch it is in rolls back.
+    let poison = |id: &str| id.ends_with('4') || id.ends_with('9');
+    let handler = Recorder::new(move |event, _| {
+        Box::pin(async move {
+            if poison(&event.id) {
+                return Err(HandlerError::rejected("never applies"));
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start_with(kafka, handler.clone(), batched(8)).await;
+
+    run.caught_up().await;
+
+    let committed: Vec<String> = run
+        .committed_events()
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        handler.applied().len() > committed.len(),
+        "no batch with a poison record in it held a good one: nothing was rolled back"
+    );
+    let good: Vec<String> = ids.iter().filter(|id| !poison(id)).cloned().collect();
+    assert_eq!(
+        committed, good,
+        "each good record committed once, in order, none from a rolled-back batch"
+    );
+    let topics = &run.kafka.topics;
+    // Sorted: the dead-letter topic has partitions of its own, read one after another.
+    let mut dead: Vec<i64> = run
+        .kafka
+        .read_all(&topics.dead_letter(&topics.orders, SERVICE))
+        .await
+        .iter()
+        .map(|record| {
+            header(record, "dlq.original.offset")
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    dead.sort_unstable();
+    let expected: Vec<i64> = (0..40).filter(|n| poison(&ids[*n as usize])).collect();
+    assert_eq!(dead, expected, "each poison record dead-lettered once");
+    assert_eq!(run.committed(1).await, 40);
+    run.stop().await;
 }

@@ -53,11 +53,12 @@ impl TestDatabase {
         let mut url = postgres_admin_url();
         let slash = url.rfind('/').expect("the URL names a database");
         url.replace_range(slash + 1.., &name);
-        let pool = saga::db::pool(&DatabaseConfig {
+        let config = DatabaseConfig {
             database_url: url.clone(),
             database_pool_size: 8,
-        })
-        .unwrap();
+            consumer_pool_size: 4,
+        };
+        let pool = saga::db::pool(&config, config.database_pool_size).unwrap();
         Self { name, url, pool }
     }
 
