@@ -272,7 +272,7 @@ impl<H: Handler> PartitionWorker<H> {
                 return;
             }
             if batch.len() > 1 && self.process_batch(&batch).await {
-                failpoint::crash_point(failpoint::CONSUMER_AFTER_HANDLER);
+                failpoint::crash_point_for(failpoint::CONSUMER_AFTER_HANDLER, batch.len());
                 self.store_offset(batch.last().expect("a batch is never empty"));
             } else {
                 for message in &batch {
@@ -312,6 +312,7 @@ impl<H: Handler> PartitionWorker<H> {
                         tracing::info!(
                             event_type = %event.event_type,
                             outcome = outcome.as_str(),
+                            batch = batch.len(),
                             "event handled"
                         )
                     });

@@ -15,7 +15,8 @@
 //! flush, no offset commit, as abrupt as SIGKILL). A `panic` would not do: in a tokio task
 //! it ends the task, not the process. A count picks the hit:
 //! `FAILPOINTS='consumer.after-handler=40*off->return'` lets 40 hits pass and aborts the
-//! process at the 41st.
+//! process at the 41st. A consumer's batch counts one hit per record
+//! ([`crash_point_for`]), so a count means the same with or without batches.
 //!
 //! An unarmed failpoint costs a read lock and a hash lookup, next to the database round
 //! trips each one sits beside.
@@ -70,6 +71,14 @@ pub fn crash_point(name: &str) {
         tracing::error!(failpoint = name, "failpoint reached: aborting the process");
         std::process::abort()
     });
+}
+
+/// [`crash_point`] for `records` records passing `name` together (a consumer's batch):
+/// one hit each.
+pub fn crash_point_for(name: &str, records: usize) {
+    for _ in 0..records {
+        crash_point(name);
+    }
 }
 
 #[cfg(test)]

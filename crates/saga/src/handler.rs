@@ -177,7 +177,8 @@ impl<H: Handler> Applier<H> {
             .map(|event| self.handler.decode(event))
             .collect::<Result<Vec<_>, _>>()?;
         let mut outcomes = vec![Outcome::Ignored; events.len()];
-        if commands.iter().all(Option::is_none) {
+        let to_apply = commands.iter().flatten().count();
+        if to_apply == 0 {
             return Ok(outcomes);
         }
         let mut client = self.pool.get().await?;
@@ -187,7 +188,7 @@ impl<H: Handler> Applier<H> {
                 *outcome = self.handler.apply(&tx, event, command).await?;
             }
         }
-        failpoint::crash_point(failpoint::HANDLER_BEFORE_COMMIT);
+        failpoint::crash_point_for(failpoint::HANDLER_BEFORE_COMMIT, to_apply);
         tx.commit().await?;
         Ok(outcomes)
     }
