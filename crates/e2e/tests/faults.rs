@@ -15,7 +15,8 @@
 //! (orders offered per second, default 40), `SAGA_FAULT_KILLS` (aborts per service in
 //! the failpoint scenarios, default 2), `SAGA_FAULT_CYCLES` (outages and scale-outs per
 //! scenario, and five rounds of poison per cycle; default 1). `scripts/faults --long`
-//! raises them for release checks.
+//! raises them for release checks. `CONSUMER_BATCH_SIZE`, which the services inherit,
+//! runs every scenario with the consumers in batches (`scripts/faults --batch N`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
