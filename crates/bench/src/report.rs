@@ -210,6 +210,12 @@ impl Report {
             }
         );
         let _ = writeln!(md, "`{}` ({} mode)\n", self.command, self.mode);
+        let settings: Vec<String> = self
+            .settings
+            .iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect();
+        let _ = writeln!(md, "Settings: {}.\n", settings.join(", "));
 
         md.push_str("| step | offered/s | placed/s | confirmed/s | notified/s | POST→confirmed p50 / p95 / p99 / max (ms) | →notified p50 / p99 (ms) | drain (s) | machine busy | load avg |\n");
         md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");

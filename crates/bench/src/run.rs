@@ -102,6 +102,8 @@ pub struct Settings {
     pub brokers: String,
     pub partitions: i32,
     pub pool_size: u32,
+    /// CONSUMER_BATCH_SIZE: 1 is a transaction per event.
+    pub consumer_batch: u32,
     pub first_port: u16,
     pub out: PathBuf,
     pub font: PathBuf,
@@ -664,10 +666,16 @@ async fn fresh_stack(settings: &Settings) -> anyhow::Result<(Databases, Stack, S
             namespace: namespace.clone(),
             log_dir: settings.out.clone(),
             rust_log: settings.rust_log.clone(),
-            extra: vec![(
-                "DATABASE_POOL_SIZE".to_owned(),
-                settings.pool_size.to_string(),
-            )],
+            extra: vec![
+                (
+                    "DATABASE_POOL_SIZE".to_owned(),
+                    settings.pool_size.to_string(),
+                ),
+                (
+                    "CONSUMER_BATCH_SIZE".to_owned(),
+                    settings.consumer_batch.to_string(),
+                ),
+            ],
         },
         specs,
         running: BTreeMap::new(),
@@ -1009,6 +1017,10 @@ fn assemble(
     let mut settings_map = BTreeMap::new();
     settings_map.insert("partitions".into(), settings.partitions.to_string());
     settings_map.insert("DATABASE_POOL_SIZE".into(), settings.pool_size.to_string());
+    settings_map.insert(
+        "CONSUMER_BATCH_SIZE".into(),
+        settings.consumer_batch.to_string(),
+    );
     settings_map.insert("RUST_LOG".into(), settings.rust_log.clone());
     settings_map.insert("step_seconds".into(), plan.step.as_secs().to_string());
     settings_map.insert("backlog_orders".into(), plan.backlog.to_string());

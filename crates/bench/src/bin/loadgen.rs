@@ -78,6 +78,11 @@ struct BenchArgs {
     /// DATABASE_POOL_SIZE given to every service (the services' default is 8).
     #[arg(long, default_value_t = 8)]
     pool_size: u32,
+    /// CONSUMER_BATCH_SIZE given to every service: records of a partition applied per
+    /// transaction. 1 (the services' default) is one transaction per event, which is
+    /// what the pgbench ceiling runs; more shows how far past it batches go.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    consumer_batch: u32,
     /// HTTP ports of the three services: this one and the next two.
     #[arg(long, default_value_t = 18080)]
     first_port: u16,
@@ -132,6 +137,7 @@ async fn main() -> anyhow::Result<()> {
                 brokers: args.brokers,
                 partitions: args.partitions,
                 pool_size: args.pool_size,
+                consumer_batch: args.consumer_batch,
                 first_port: args.first_port,
                 out: args.out,
                 font: args.font,
