@@ -163,12 +163,12 @@ async fn a_service_killed_after_its_commit_and_before_its_offset_commit_loses_no
 #[ignore = "fault suite: scripts/faults runs it on its own"]
 async fn a_relay_killed_after_the_broker_acknowledged_and_before_marking_rows_published_has_its_republished_events_absorbed()
  {
-    // The relay hits the failpoint once per batch, and a batch holds every row committed
-    // since the last one: several, while the service catches up after a restart.
+    // The relay hits the failpoint once per row it publishes, however many rows a batch
+    // holds: at least one per order in every service (notification-service's).
     let findings = crash_scenario(
         "relay killed after the broker's ack, before marking rows published",
         failpoint::RELAY_AFTER_ACK,
-        orders() / (6 * (kills() + 1)),
+        orders() / (2 * (kills() + 1)),
         false,
     )
     .await;

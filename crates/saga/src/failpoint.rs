@@ -5,9 +5,10 @@
 //!   stored yet. The record is redelivered; the inbox absorbs it.
 //! - [`RELAY_AFTER_ACK`]: the broker acknowledged a batch, the rows are not marked
 //!   published yet. The batch is published again; the consumers' inboxes absorb it.
-//! - [`HANDLER_BEFORE_COMMIT`]: inside a handler's transaction, after the state change and
-//!   the outbox row, before `COMMIT`. The transaction dies with the process: nothing of it
-//!   is applied, and the redelivered record applies it whole.
+//! - [`HANDLER_BEFORE_COMMIT`]: inside the transaction of an event (or of a batch), once
+//!   the handler has written the state change and the outbox row, before `COMMIT`. The
+//!   transaction dies with the process: nothing of it is applied, and the redelivered
+//!   records apply it whole.
 //!
 //! They are off unless the `FAILPOINTS` environment variable arms them when the service
 //! starts, in the syntax of the `fail` crate: `name=actions;name=actions`. The action
@@ -15,8 +16,8 @@
 //! flush, no offset commit, as abrupt as SIGKILL). A `panic` would not do: in a tokio task
 //! it ends the task, not the process. A count picks the hit:
 //! `FAILPOINTS='consumer.after-handler=40*off->return'` lets 40 hits pass and aborts the
-//! process at the 41st. A consumer's batch counts one hit per record
-//! ([`crash_point_for`]), so a count means the same with or without batches.
+//! process at the 41st. A batch (a consumer's records, a relay's rows) counts one hit per
+//! record ([`crash_point_for`]), so a count means the same whatever the batch sizes.
 //!
 //! An unarmed failpoint costs a read lock and a hash lookup, next to the database round
 //! trips each one sits beside.
@@ -25,7 +26,7 @@
 pub const CONSUMER_AFTER_HANDLER: &str = "consumer.after-handler";
 /// The broker acknowledged an outbox batch; its rows are not marked published yet.
 pub const RELAY_AFTER_ACK: &str = "relay.after-ack";
-/// In a handler's transaction, after the state change and the outbox insert, before commit.
+/// In an event's (or a batch's) transaction, after the handler's writes, before commit.
 pub const HANDLER_BEFORE_COMMIT: &str = "handler.before-commit";
 
 const ALL: [&str; 3] = [
@@ -73,8 +74,8 @@ pub fn crash_point(name: &str) {
     });
 }
 
-/// [`crash_point`] for `records` records passing `name` together (a consumer's batch):
-/// one hit each.
+/// [`crash_point`] for `records` records passing `name` together (a consumer's batch,
+/// a relay's acknowledged rows): one hit each.
 pub fn crash_point_for(name: &str, records: usize) {
     for _ in 0..records {
         crash_point(name);

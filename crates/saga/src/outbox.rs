@@ -242,7 +242,7 @@ impl OutboxRelay {
             }
         }
         // A crash here publishes the acknowledged rows once more after the restart.
-        failpoint::crash_point(failpoint::RELAY_AFTER_ACK);
+        failpoint::crash_point_for(failpoint::RELAY_AFTER_ACK, acknowledged.len());
         client
             .execute(
                 "UPDATE outbox SET published_at = now() WHERE id = ANY($1)",
