@@ -149,10 +149,6 @@ impl<H: Handler> Applier<H> {
         Self { pool, handler }
     }
 
-    pub fn handler(&self) -> &H {
-        &self.handler
-    }
-
     /// Applies `event` in a transaction of its own.
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
         let Some(command) = self.handler.decode(event)? else {
