@@ -537,16 +537,22 @@ fn transactions(committed: &[(String, i64)]) -> Vec<Vec<String>> {
     grouped.into_iter().map(|(_, ids)| ids).collect()
 }
 
-#[tokio::test]
-async fn batched_records_waiting_for_a_partition_commit_together_in_order_each_once() {
+/// A fresh namespace with `n` records `<prefix>-<i>` on `partition`, produced before any
+/// consumer starts, so they are all waiting when one does.
+async fn waiting_records(partition: i32, prefix: &str, n: usize) -> (TestKafka, Vec<String>) {
     let kafka = TestKafka::new().await;
-    let ids: Vec<String> = (0..60).map(|n| format!("b-{n}")).collect();
-    // Produced before the consumer starts, so they are waiting when it does.
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
     for id in &ids {
         kafka
-            .produce_to(&kafka.topics.orders, Some(0), None, &event(id))
+            .produce_to(&kafka.topics.orders, Some(partition), None, &event(id))
             .await;
     }
+    (kafka, ids)
+}
+
+#[tokio::test]
+async fn batched_records_waiting_for_a_partition_commit_together_in_order_each_once() {
+    let (kafka, ids) = waiting_records(0, "b", 60).await;
     let run = start_with(kafka, Recorder::obedient(), batched(16)).await;
 
     run.caught_up().await;
@@ -569,13 +575,7 @@ async fn batched_records_waiting_for_a_partition_commit_together_in_order_each_o
 
 #[tokio::test]
 async fn a_batch_with_a_poison_record_commits_nothing_then_each_record_is_applied_alone() {
-    let kafka = TestKafka::new().await;
-    let ids: Vec<String> = (0..40).map(|n| format!("q-{n}")).collect();
-    for id in &ids {
-        kafka
-            .produce_to(&kafka.topics.orders, Some(1), None, &event(id))
-            .await;
-    }
+    let (kafka, ids) = waiting_records(1, "q", 40).await;
     // Every fifth record can never be applied: each batch it is in rolls back.
     let poison = |id: &str| id.ends_with('4') || id.ends_with('9');
     let handler = Recorder::new(move |event, _| {
