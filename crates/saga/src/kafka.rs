@@ -4,6 +4,18 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::{Headers as _, Message};
+
+/// A header's value as text (lossily, should it not be UTF-8): the dead-letter
+/// headers are read this way by the redrive tool and the tests.
+pub fn header<M: Message>(message: &M, key: &str) -> Option<String> {
+    message
+        .headers()?
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
 
 /// The names of everything the saga puts on the broker, under one namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,9 +20,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
-use rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders};
+use rdkafka::message::{Header, Message as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::kafka::header;
 
 /// Dead letters sent per round trip: produced together, acknowledged, then committed.
 const BATCH: usize = 100;
@@ -219,13 +221,4 @@ async fn send_back(
         }
     }
     Ok(())
-}
-
-fn header(message: &rdkafka::message::BorrowedMessage<'_>, key: &str) -> Option<String> {
-    let headers = message.headers()?;
-    headers
-        .iter()
-        .find(|h| h.key == key)
-        .and_then(|h| h.value)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
 }

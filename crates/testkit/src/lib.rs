@@ -15,12 +15,14 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::message::OwnedMessage;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use saga::Topics;
 use saga::config::DatabaseConfig;
 use uuid::Uuid;
+
+pub use saga::kafka::header;
 
 /// Test databases are named with this prefix; `scripts/test` drops leftovers.
 pub const DATABASE_PREFIX: &str = "saga_test_";
@@ -311,16 +313,6 @@ fn caught_up_blocking(brokers: &str, group: &str, topic: &str) -> bool {
         };
         done >= high
     })
-}
-
-/// A header's value as text.
-pub fn header(message: &OwnedMessage, key: &str) -> Option<String> {
-    let headers = message.headers()?;
-    headers
-        .iter()
-        .find(|h| h.key == key)
-        .and_then(|h| h.value)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// Polls `check` until it returns `Some`, or fails the test naming `what` after
