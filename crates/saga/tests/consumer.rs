@@ -625,3 +625,52 @@ async fn a_batch_with_a_poison_record_commits_nothing_then_each_record_is_applie
     assert_eq!(run.committed(1).await, 40);
     run.stop().await;
 }
+
+#[tokio::test]
+async fn a_batch_offset_is_committed_only_after_its_transaction_committed() {
+    let (kafka, ids) = waiting_records(0, "w", 20).await;
+    let entered = Arc::new(Semaphore::new(0));
+    let release = Arc::new(Semaphore::new(0));
+    let (entered_tx, release_rx) = (entered.clone(), release.clone());
+    let handler = Recorder::new(move |event, _| {
+        let (entered, release) = (entered_tx.clone(), release_rx.clone());
+        Box::pin(async move {
+            if event.id == "w-10" {
+                entered.add_permits(1);
+                let _permit = release.acquire().await.unwrap();
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start_with(kafka, handler, batched(16)).await;
+    let _in_transaction = entered.acquire().await.unwrap();
+
+    // A commit of partition 1 made after w-10's batch began proves commits are flowing:
+    // had that batch's offset been stored before its transaction committed, it would be
+    // committed with it.
+    run.produce(1, "flowing").await;
+    eventually(WAIT, "partition 1 to be committed", || async {
+        (run.committed(1).await == 1).then_some(())
+    })
+    .await;
+    let committed = run.committed(0).await;
+    assert!(
+        committed <= 10,
+        "offset {committed} committed while w-10's transaction was still open"
+    );
+
+    release.add_permits(1);
+    eventually(WAIT, "partition 0 to be committed", || async {
+        (run.committed(0).await == 20).then_some(())
+    })
+    .await;
+    let order: Vec<String> = run
+        .committed_events()
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .filter(|id| id.starts_with("w-"))
+        .collect();
+    assert_eq!(order, ids);
+    run.stop().await;
+}
