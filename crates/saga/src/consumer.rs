@@ -176,7 +176,8 @@ pub async fn run<H: Handler>(
     tracing::info!(topic = %settings.topic, group = %settings.group_id, "consumer started");
 
     let workers = TaskTracker::new();
-    let mut queues: HashMap<(String, i32), mpsc::Sender<OwnedMessage>> = HashMap::new();
+    // By partition alone: the consumer subscribes to one topic.
+    let mut queues: HashMap<i32, mpsc::Sender<OwnedMessage>> = HashMap::new();
     let mut errors = ErrorLog::default();
     loop {
         let received = tokio::select! {
@@ -199,8 +200,7 @@ pub async fn run<H: Handler>(
                 continue;
             }
         };
-        let key = (message.topic().to_owned(), message.partition());
-        let queue = queues.entry(key).or_insert_with(|| {
+        let queue = queues.entry(message.partition()).or_insert_with(|| {
             let (tx, rx) = mpsc::channel(PARTITION_QUEUE);
             workers.spawn(worker.clone().run(rx));
             tx
