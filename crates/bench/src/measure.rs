@@ -109,20 +109,14 @@ pub async fn step_outcome(
     let notifications_db = databases.connect(Database::Notifications).await?;
     let deadline = Instant::now() + timeout;
     loop {
-        let pending: i64 = orders_db
+        let counts = orders_db
             .query_one(
-                "SELECT count(*) FROM orders WHERE customer_id = $1 AND status = 'pending'",
+                "SELECT count(*) FILTER (WHERE status = 'pending'), count(*)
+                   FROM orders WHERE customer_id = $1",
                 &[&tag],
             )
-            .await?
-            .get(0);
-        let placed: i64 = orders_db
-            .query_one(
-                "SELECT count(*) FROM orders WHERE customer_id = $1",
-                &[&tag],
-            )
-            .await?
-            .get(0);
+            .await?;
+        let (pending, placed): (i64, i64) = (counts.get(0), counts.get(1));
         let notified: i64 = notifications_db
             .query_one(
                 "SELECT count(*) FROM notifications WHERE customer_id = $1",

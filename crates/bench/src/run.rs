@@ -407,131 +407,86 @@ async fn capacity(
     ));
     ceilings.measure("create").await?;
 
-    let since = measure::server_now(databases).await?;
-    hold.release();
-    let relay_orders_created = measure::drain(
+    let mut backlog = Backlog {
+        stack,
         databases,
-        Database::Orders,
-        Work::Published,
-        since,
         expected,
         timeout,
-    )
-    .await?;
-    usage.insert("relay order.created".to_owned(), stack.usage());
-    log(format!(
-        "capacity: relay published order.created at {:.0}/s",
-        relay_orders_created.per_second
-    ));
+        usage,
+    };
+    let relay_orders_created = backlog
+        .drain(
+            "relay order.created",
+            Go::Release(hold),
+            Database::Orders,
+            Work::Published,
+        )
+        .await?;
     ceilings.measure("relay").await?;
 
     let hold = RelayHold::take(databases, Database::Payments).await?;
-    let since = measure::server_now(databases).await?;
-    stack.start("payment-service").await?;
-    let charge = measure::drain(
-        databases,
-        Database::Payments,
-        Work::Applied,
-        since,
-        expected,
-        timeout,
-    )
-    .await?;
-    usage.insert("charge".to_owned(), stack.usage());
-    log(format!("capacity: ChargeOrder {:.0}/s", charge.per_second));
+    let charge = backlog
+        .drain(
+            "charge",
+            Go::Start("payment-service"),
+            Database::Payments,
+            Work::Applied,
+        )
+        .await?;
     ceilings.measure("charge").await?;
 
     // order-service would consume the payment results while they are published; stop it
     // so its consumer later meets the whole backlog at once.
-    stack.stop("order-service").await?;
-    let since = measure::server_now(databases).await?;
-    hold.release();
-    let relay_payments = measure::drain(
-        databases,
-        Database::Payments,
-        Work::Published,
-        since,
-        expected,
-        timeout,
-    )
-    .await?;
-    usage.insert("relay payments".to_owned(), stack.usage());
-    log(format!(
-        "capacity: relay published payment results at {:.0}/s",
-        relay_payments.per_second
-    ));
+    backlog.stack.stop("order-service").await?;
+    let relay_payments = backlog
+        .drain(
+            "relay payments",
+            Go::Release(hold),
+            Database::Payments,
+            Work::Published,
+        )
+        .await?;
 
     let hold = RelayHold::take(databases, Database::Orders).await?;
-    let since = measure::server_now(databases).await?;
-    stack.start("order-service").await?;
-    let apply = measure::drain(
-        databases,
-        Database::Orders,
-        Work::Applied,
-        since,
-        expected,
-        timeout,
-    )
-    .await?;
-    usage.insert("apply".to_owned(), stack.usage());
-    log(format!(
-        "capacity: ApplyPaymentResult {:.0}/s",
-        apply.per_second
-    ));
+    let apply = backlog
+        .drain(
+            "apply",
+            Go::Start("order-service"),
+            Database::Orders,
+            Work::Applied,
+        )
+        .await?;
     ceilings.measure("apply").await?;
 
     let notifications_hold = RelayHold::take(databases, Database::Notifications).await?;
-    let since = measure::server_now(databases).await?;
-    hold.release();
-    let relay_outcomes = measure::drain(
-        databases,
-        Database::Orders,
-        Work::Published,
-        since,
-        expected,
-        timeout,
-    )
-    .await?;
-    usage.insert("relay outcomes".to_owned(), stack.usage());
-    log(format!(
-        "capacity: relay published outcomes at {:.0}/s",
-        relay_outcomes.per_second
-    ));
+    let relay_outcomes = backlog
+        .drain(
+            "relay outcomes",
+            Go::Release(hold),
+            Database::Orders,
+            Work::Published,
+        )
+        .await?;
 
-    let since = measure::server_now(databases).await?;
-    stack.start("notification-service").await?;
-    let notify = measure::drain(
-        databases,
-        Database::Notifications,
-        Work::Applied,
-        since,
-        expected,
-        timeout,
-    )
-    .await?;
-    usage.insert("notify".to_owned(), stack.usage());
-    log(format!(
-        "capacity: NotifyCustomer {:.0}/s",
-        notify.per_second
-    ));
+    let notify = backlog
+        .drain(
+            "notify",
+            Go::Start("notification-service"),
+            Database::Notifications,
+            Work::Applied,
+        )
+        .await?;
     ceilings.measure("notify").await?;
 
-    let since = measure::server_now(databases).await?;
-    notifications_hold.release();
-    let relay_notifications = measure::drain(
-        databases,
-        Database::Notifications,
-        Work::Published,
-        since,
-        expected,
-        timeout,
-    )
-    .await?;
-    usage.insert("relay notifications".to_owned(), stack.usage());
-    log(format!(
-        "capacity: relay published notification.sent at {:.0}/s",
-        relay_notifications.per_second
-    ));
+    let relay_notifications = backlog
+        .drain(
+            "relay notifications",
+            Go::Release(notifications_hold),
+            Database::Notifications,
+            Work::Published,
+        )
+        .await?;
+    let usage = backlog.usage;
 
     Ok(Capacity {
         orders: n,
@@ -546,6 +501,53 @@ async fn capacity(
         usage,
         load_average: procs::load_average(),
     })
+}
+
+/// What lets a held-back backlog go: a consumer's service started, or a relay's lock
+/// released.
+enum Go {
+    Start(&'static str),
+    Release(RelayHold),
+}
+
+/// Phase 2's backlogs: each drained by one consumer or relay, timed from the database.
+struct Backlog<'a> {
+    stack: &'a mut Stack,
+    databases: &'a Databases,
+    expected: i64,
+    timeout: Duration,
+    /// The services' CPU and memory while each backlog drained, by its name.
+    usage: BTreeMap<String, BTreeMap<String, Usage>>,
+}
+
+impl Backlog<'_> {
+    /// Lets `go` loose on the backlog and waits until `expected` rows of `work` are done
+    /// in `database`, timed from the server's clock at the start.
+    async fn drain(
+        &mut self,
+        name: &str,
+        go: Go,
+        database: Database,
+        work: Work,
+    ) -> anyhow::Result<measure::Drain> {
+        let since = measure::server_now(self.databases).await?;
+        match go {
+            Go::Start(service) => self.stack.start(service).await?,
+            Go::Release(hold) => hold.release(),
+        }
+        let drained = measure::drain(
+            self.databases,
+            database,
+            work,
+            since,
+            self.expected,
+            self.timeout,
+        )
+        .await?;
+        self.usage.insert(name.to_owned(), self.stack.usage());
+        log(format!("capacity: {name} {:.0}/s", drained.per_second));
+        Ok(drained)
+    }
 }
 
 /// Phase 3, run piecewise inside phase 2: pgbench on fresh databases of the same schema,
