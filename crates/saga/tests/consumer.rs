@@ -52,6 +52,25 @@ impl Recorder {
         Self::new(|_, _| Box::pin(async { Ok(Outcome::Applied) }))
     }
 
+    /// Holds event `id` inside its transaction: `entered` gets a permit when it gets
+    /// there, and it goes on once `release` has one.
+    fn holding(id: &'static str) -> (Self, Arc<Semaphore>, Arc<Semaphore>) {
+        let entered = Arc::new(Semaphore::new(0));
+        let release = Arc::new(Semaphore::new(0));
+        let (entered_tx, release_rx) = (entered.clone(), release.clone());
+        let handler = Self::new(move |event, _| {
+            let (entered, release) = (entered_tx.clone(), release_rx.clone());
+            Box::pin(async move {
+                if event.id == id {
+                    entered.add_permits(1);
+                    let _permit = release.acquire().await.unwrap();
+                }
+                Ok(Outcome::Applied)
+            })
+        });
+        (handler, entered, release)
+    }
+
     fn applied(&self) -> Vec<String> {
         self.0.applied.lock().unwrap().clone()
     }
@@ -402,19 +421,7 @@ async fn an_unexpected_database_error_is_retried_a_few_times_then_dead_lettered(
 
 #[tokio::test]
 async fn stopping_finishes_the_record_in_hand_commits_it_and_starts_no_other() {
-    let entered = Arc::new(Semaphore::new(0));
-    let release = Arc::new(Semaphore::new(0));
-    let (entered_tx, release_rx) = (entered.clone(), release.clone());
-    let handler = Recorder::new(move |event, _| {
-        let (entered, release) = (entered_tx.clone(), release_rx.clone());
-        Box::pin(async move {
-            if event.id == "in-hand" {
-                entered.add_permits(1);
-                let _permit = release.acquire().await.unwrap();
-            }
-            Ok(Outcome::Applied)
-        })
-    });
+    let (handler, entered, release) = Recorder::holding("in-hand");
     let run = start(TestKafka::new().await, handler.clone()).await;
     run.produce(0, "in-hand").await;
     run.produce(0, "behind").await;
@@ -629,19 +636,7 @@ async fn a_batch_with_a_poison_record_commits_nothing_then_each_record_is_applie
 #[tokio::test]
 async fn a_batch_offset_is_committed_only_after_its_transaction_committed() {
     let (kafka, ids) = waiting_records(0, "w", 20).await;
-    let entered = Arc::new(Semaphore::new(0));
-    let release = Arc::new(Semaphore::new(0));
-    let (entered_tx, release_rx) = (entered.clone(), release.clone());
-    let handler = Recorder::new(move |event, _| {
-        let (entered, release) = (entered_tx.clone(), release_rx.clone());
-        Box::pin(async move {
-            if event.id == "w-10" {
-                entered.add_permits(1);
-                let _permit = release.acquire().await.unwrap();
-            }
-            Ok(Outcome::Applied)
-        })
-    });
+    let (handler, entered, release) = Recorder::holding("w-10");
     let run = start_with(kafka, handler, batched(16)).await;
     let _in_transaction = entered.acquire().await.unwrap();
 
