@@ -58,3 +58,25 @@ impl KafkaConfig {
         Duration::from_millis(self.outbox_poll_interval_ms)
     }
 }
+
+/// How an endpoint that honours `Idempotency-Key` treats keys (see [`crate::idempotency`]).
+#[derive(Debug, Clone, Args)]
+pub struct IdempotencyConfig {
+    /// Refuse a POST without an `Idempotency-Key` header (400 `idempotency_key_missing`)
+    /// instead of placing it unguarded.
+    #[arg(long, env = "REQUIRE_IDEMPOTENCY_KEY", default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub require_idempotency_key: bool,
+
+    /// How long a key is remembered: a retry within it gets the first response, after it
+    /// the same key is a new request. `24h`, `90m`, `7days`.
+    #[arg(long, env = "IDEMPOTENCY_KEY_TTL", default_value = "24h",
+          value_parser = humantime::parse_duration)]
+    pub idempotency_key_ttl: Duration,
+
+    /// How long a request waits for an earlier one with the same key to finish before it
+    /// is answered 409 `idempotency_key_in_use` (with `Retry-After`).
+    #[arg(long, env = "IDEMPOTENCY_KEY_WAIT", default_value = "2s",
+          value_parser = humantime::parse_duration)]
+    pub idempotency_key_wait: Duration,
+}

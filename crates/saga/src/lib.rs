@@ -11,6 +11,8 @@
 //!   optional batches, backoff, dead letters, graceful stop.
 //! - [`outbox`]: [`outbox::enqueue`] inside the handler's transaction, and the
 //!   [`OutboxRelay`] that publishes committed rows.
+//! - [`idempotency`]: the `Idempotency-Key` header, the request fingerprint and the
+//!   replayed response, for an HTTP endpoint that makes a client's retry harmless.
 //! - [`failpoint`]: where the fault suite makes a service die on purpose; off unless
 //!   `FAILPOINTS` arms them.
 //! - [`redrive`]: sends dead letters back to their topics once the cause is fixed (the
@@ -31,6 +33,7 @@ pub mod events;
 pub mod failpoint;
 pub mod handler;
 pub mod http;
+pub mod idempotency;
 pub mod kafka;
 pub mod outbox;
 pub mod redrive;
