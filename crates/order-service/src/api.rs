@@ -3,36 +3,49 @@
 //! ```json
 //! {"error": {"code": "invalid_field", "field": "items[0].quantity", "message": "must be at least 1"}}
 //! ```
+//!
+//! `POST /v1/orders` honours an `Idempotency-Key` header ([`saga::idempotency`]): a retry
+//! with the key of a placed order gets that order's `201` again, byte for byte, with
+//! `Idempotent-Replayed: true`, and places nothing.
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use deadpool_postgres::Pool;
+use saga::config::IdempotencyConfig;
+use saga::idempotency::{self, Fingerprint, IdempotencyKey, KeyError};
 use saga::{Retry, Topics};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::orders::{self, NewLine, Order, PlaceOrderError};
+use crate::orders::{self, Keyed, NewLine, Order, PlaceOrderError, Placed};
 
 /// More than this many units of one product is a typo, not an order.
 const MAX_QUANTITY: i32 = 1000;
 const MAX_ITEMS: usize = 100;
 
+const ORDERS: &str = "/v1/orders";
+
 #[derive(Clone)]
 struct AppState {
     pool: Pool,
     topics: Topics,
+    idempotency: IdempotencyConfig,
 }
 
-pub fn router(pool: Pool, topics: Topics) -> Router {
+pub fn router(pool: Pool, topics: Topics, idempotency: IdempotencyConfig) -> Router {
     Router::new()
-        .route("/v1/orders", post(place_order))
+        .route(ORDERS, post(place_order))
         .route("/v1/orders/{id}", get(get_order))
-        .with_state(AppState { pool, topics })
+        .with_state(AppState {
+            pool,
+            topics,
+            idempotency,
+        })
 }
 
 /// The body of `POST /v1/orders`.
@@ -54,14 +67,26 @@ async fn place_order(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<(StatusCode, HeaderMap, axum::Json<Order>), ApiError> {
-    let request: PlaceOrder = parse_json(&headers, &body)?;
+) -> Result<Response, ApiError> {
+    let key = IdempotencyKey::from_headers(&headers).map_err(ApiError::InvalidIdempotencyKey)?;
+    if key.is_none() && state.idempotency.require_idempotency_key {
+        return Err(ApiError::IdempotencyKeyMissing);
+    }
+    let body = parse_json(&headers, &body)?;
+    let keyed = key.as_ref().map(|key| Keyed {
+        key,
+        fingerprint: Fingerprint::of("POST", ORDERS, &body),
+        ttl: state.idempotency.idempotency_key_ttl,
+        wait: state.idempotency.idempotency_key_wait,
+    });
+    let request: PlaceOrder = decode(body)?;
     let lines = validate(&request)?;
-    let order = orders::place_order(
+    let placed = orders::place_order(
         &state.pool,
         &state.topics,
         request.customer_id.trim(),
         &lines,
+        keyed,
     )
     .await
     .map_err(|error| match error {
@@ -69,17 +94,33 @@ async fn place_order(
             format!("items[{index}].product_id"),
             format!("unknown product {product_id}"),
         ),
+        PlaceOrderError::KeyReused => ApiError::IdempotencyKeyReused,
+        PlaceOrderError::KeyInUse => ApiError::IdempotencyKeyInUse,
         PlaceOrderError::Pool(error) => ApiError::Unavailable(error.to_string()),
         PlaceOrderError::Database(error) => database_error(error),
     })?;
-    tracing::info!(order_id = %order.id, amount_cents = order.amount_cents, "order placed");
-    let mut response_headers = HeaderMap::new();
-    let location = format!("/v1/orders/{}", order.id);
-    response_headers.insert(
-        header::LOCATION,
-        location.parse().expect("a path is a valid header"),
-    );
-    Ok((StatusCode::CREATED, response_headers, axum::Json(order)))
+    let key = key.as_ref().map(IdempotencyKey::as_str);
+    Ok(match placed {
+        Placed::New { order, body } => {
+            tracing::info!(order_id = %order.id, amount_cents = order.amount_cents, idempotency_key = key, "order placed");
+            idempotency::response(StatusCode::CREATED, &location(order.id), body, false)
+        }
+        Placed::Replayed {
+            order_id,
+            status,
+            body,
+        } => {
+            tracing::info!(%order_id, idempotency_key = key, "order replayed for its idempotency key");
+            let status = StatusCode::from_u16(status).map_err(|error| {
+                ApiError::Internal(anyhow::anyhow!("stored status {status}: {error}"))
+            })?;
+            idempotency::replay(status, &location(order_id), body)
+        }
+    })
+}
+
+fn location(order_id: Uuid) -> String {
+    format!("{ORDERS}/{order_id}")
 }
 
 fn validate(request: &PlaceOrder) -> Result<Vec<NewLine>, ApiError> {
@@ -149,11 +190,8 @@ async fn get_order(
         .ok_or(ApiError::NotFound(order_id))
 }
 
-/// Decodes a JSON body, naming the field that does not fit.
-fn parse_json<T: serde::de::DeserializeOwned>(
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<T, ApiError> {
+/// Parses a body declared as JSON.
+fn parse_json(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -162,8 +200,11 @@ fn parse_json<T: serde::de::DeserializeOwned>(
     if !is_json {
         return Err(ApiError::UnsupportedMediaType);
     }
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|error| ApiError::MalformedJson(error.to_string()))?;
+    serde_json::from_slice(body).map_err(|error| ApiError::MalformedJson(error.to_string()))
+}
+
+/// Decodes a parsed body, naming the field that does not fit.
+fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|error| {
         let path = error.path().to_string();
         let message = error.into_inner().to_string();
@@ -193,6 +234,21 @@ pub enum ApiError {
     /// 422: the JSON is well-formed but a field is missing, of the wrong type, or out of range.
     #[error("{field}: {message}")]
     InvalidField { field: String, message: String },
+    /// 400: the `Idempotency-Key` header breaks a rule of its syntax. Nothing is stored.
+    #[error(transparent)]
+    InvalidIdempotencyKey(KeyError),
+    /// 400: `REQUIRE_IDEMPOTENCY_KEY` is on and the request has no key.
+    #[error("this API requires an Idempotency-Key header on POST")]
+    IdempotencyKeyMissing,
+    /// 422: the key was first used with a different request (method, path or body).
+    /// Nothing is stored. Stripe answers 400 here; the IETF draft says 422, and so do we.
+    #[error(
+        "this Idempotency-Key was used with a different request; use a new key for a new request"
+    )]
+    IdempotencyKeyReused,
+    /// 409: a request with this key is still being processed; retry after `Retry-After`.
+    #[error("a request with this Idempotency-Key is still being processed; retry shortly")]
+    IdempotencyKeyInUse,
     /// 404: no order with this id.
     #[error("no order {0}")]
     NotFound(Uuid),
@@ -238,6 +294,22 @@ impl IntoResponse for ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY,
                 json!({ "code": "invalid_field", "field": field, "message": message }),
             ),
+            ApiError::InvalidIdempotencyKey(_) => (
+                StatusCode::BAD_REQUEST,
+                json!({ "code": "invalid_idempotency_key", "message": self.to_string() }),
+            ),
+            ApiError::IdempotencyKeyMissing => (
+                StatusCode::BAD_REQUEST,
+                json!({ "code": "idempotency_key_missing", "message": self.to_string() }),
+            ),
+            ApiError::IdempotencyKeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({ "code": "idempotency_key_reused", "message": self.to_string() }),
+            ),
+            ApiError::IdempotencyKeyInUse => (
+                StatusCode::CONFLICT,
+                json!({ "code": "idempotency_key_in_use", "message": self.to_string() }),
+            ),
             ApiError::NotFound(_) => (
                 StatusCode::NOT_FOUND,
                 json!({ "code": "order_not_found", "message": self.to_string() }),
@@ -257,6 +329,14 @@ impl IntoResponse for ApiError {
                 )
             }
         };
-        (status, axum::Json(json!({ "error": body }))).into_response()
+        let mut response = (status, axum::Json(json!({ "error": body }))).into_response();
+        if matches!(self, ApiError::IdempotencyKeyInUse) {
+            // The first request has been running for the whole wait already; a second
+            // more is about as long as any request takes.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }

@@ -1,7 +1,8 @@
 //! order-service: the saga's start and its end.
 //!
 //! - [`api`]: `POST /v1/orders` places a `pending` order and, in the same transaction,
-//!   the `order.created` event; `GET /v1/orders/{id}` shows where it stands.
+//!   the `order.created` event and the request's `Idempotency-Key`, so a client's retry
+//!   gets the first answer back; `GET /v1/orders/{id}` shows where it stands.
 //! - [`apply_payment_result`]: consumes `payments` and moves the order to `confirmed` or
 //!   `cancelled`, exactly once, whatever the delivery layer repeats or reorders.
 //! - [`orders`]: the order aggregate's SQL.
@@ -13,7 +14,7 @@ pub mod orders;
 use std::net::SocketAddr;
 
 use clap::Parser;
-use saga::config::{DatabaseConfig, KafkaConfig};
+use saga::config::{DatabaseConfig, IdempotencyConfig, KafkaConfig};
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
@@ -41,6 +42,8 @@ pub struct Config {
     pub database: DatabaseConfig,
     #[command(flatten)]
     pub kafka: KafkaConfig,
+    #[command(flatten)]
+    pub idempotency: IdempotencyConfig,
     /// Where the order API and `/health` listen; port 0 picks a free port.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
@@ -48,6 +51,7 @@ pub struct Config {
 
 pub struct Application {
     service: Service,
+    idempotency: IdempotencyConfig,
 }
 
 impl Application {
@@ -61,7 +65,10 @@ impl Application {
             HISTORY_TABLE,
         )
         .await?;
-        Ok(Self { service })
+        Ok(Self {
+            service,
+            idempotency: config.idempotency,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -70,7 +77,7 @@ impl Application {
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
-        let router = api::router(self.service.pool.clone(), topics.clone());
+        let router = api::router(self.service.pool.clone(), topics.clone(), self.idempotency);
         let handler = ApplyPaymentResult::new(topics.clone());
         let subscription = Subscription {
             topic: topics.payments.clone(),

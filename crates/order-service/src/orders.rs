@@ -1,11 +1,16 @@
-//! The order aggregate: placing an order (with its `order.created` event) and reading one.
+//! The order aggregate: placing an order (with its `order.created` event, and its
+//! idempotency key if the client sent one) and reading one.
+
+use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use saga::Topics;
 use saga::events::{self, OrderCreated, OrderItem};
+use saga::idempotency::{Fingerprint, IdempotencyKey};
 use saga::outbox::{self, NewEvent};
 use serde::Serialize;
 use time::OffsetDateTime;
+use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -64,11 +69,46 @@ pub struct NewLine {
     pub quantity: i32,
 }
 
+/// The `Idempotency-Key` a request came with, what a retry must match, and how long the
+/// key lives.
+#[derive(Debug, Clone, Copy)]
+pub struct Keyed<'a> {
+    pub key: &'a IdempotencyKey,
+    pub fingerprint: Fingerprint,
+    /// Older keys are forgotten: the same key is then a new request.
+    pub ttl: Duration,
+    /// How long to wait for a request holding the same key before giving up on it.
+    pub wait: Duration,
+}
+
+/// What [`place_order`] did.
+#[derive(Debug)]
+pub enum Placed {
+    /// A new order, and the body of its `201 Created` as it is sent (and stored with the
+    /// key, if there was one).
+    New { order: Order, body: String },
+    /// The key's first request placed `order_id`; this is its answer, as first sent.
+    Replayed {
+        order_id: Uuid,
+        status: u16,
+        body: String,
+    },
+}
+
+/// The status every placed order answers with, stored with its key for the replays.
+const CREATED: i16 = 201;
+
 #[derive(Debug, thiserror::Error)]
 pub enum PlaceOrderError {
     /// `lines[index]` names a product the catalog does not have.
     #[error("unknown product {product_id}")]
     UnknownProduct { index: usize, product_id: Uuid },
+    /// The key was first used with a different request.
+    #[error("idempotency key reused with a different request")]
+    KeyReused,
+    /// A request with the key is still running after [`Keyed::wait`].
+    #[error("idempotency key in use by a request still running")]
+    KeyInUse,
     #[error(transparent)]
     Database(#[from] tokio_postgres::Error),
     #[error(transparent)]
@@ -77,17 +117,84 @@ pub enum PlaceOrderError {
 
 /// Places a `pending` order priced from the catalog and, in the same transaction, its
 /// `order.created` event, whose id is the order's id.
+///
+/// With a key, that transaction first claims it, the way a consumer's guard 1 claims an
+/// event id: a key already stored (and not expired) means this request was answered
+/// before, and its answer is replayed without placing anything. The claim's row is filled
+/// with the answer before the commit, so the key, the order and its event are committed
+/// together or not at all: a crash before the commit leaves no key, and the retry places
+/// the order.
 pub async fn place_order(
     pool: &Pool,
     topics: &Topics,
     customer_id: &str,
     lines: &[NewLine],
-) -> Result<Order, PlaceOrderError> {
+    keyed: Option<Keyed<'_>>,
+) -> Result<Placed, PlaceOrderError> {
     let mut client = pool.get().await?;
     // Each statement is prepared once per pooled connection (`prepare_cached`), not on
     // every call: parsing and planning it again, and the extra round trip that takes,
     // cost more than running it.
     let tx = client.transaction().await?;
+
+    if let Some(keyed) = &keyed {
+        // A second request with the same key blocks on this insert until the first
+        // commits (it then sees the key and replays) or rolls back (it then claims the key
+        // and places the order itself); lock_timeout bounds that wait. Zero would mean no
+        // bound, so the shortest wait is a millisecond.
+        let wait = format!("{}ms", keyed.wait.as_millis().max(1));
+        tx.query_one(
+            &tx.prepare_cached("SELECT set_config('lock_timeout', $1, true)")
+                .await?,
+            &[&wait],
+        )
+        .await?;
+        // An expired key is a new request: its row is taken over, not replayed.
+        let claimed = tx
+            .query_opt(
+                &tx.prepare_cached(
+                    "INSERT INTO idempotency_keys (key, fingerprint) VALUES ($1, $2)
+                     ON CONFLICT (key) DO UPDATE
+                        SET fingerprint = EXCLUDED.fingerprint, created_at = now(),
+                            order_id = NULL, response_status = NULL, response_body = NULL
+                      WHERE idempotency_keys.created_at <= now() - make_interval(secs => $3)
+                     RETURNING key",
+                )
+                .await?,
+                &[
+                    &keyed.key.as_str(),
+                    &keyed.fingerprint.as_bytes(),
+                    &keyed.ttl.as_secs_f64(),
+                ],
+            )
+            .await
+            .map_err(|error| match error.code() {
+                Some(&SqlState::LOCK_NOT_AVAILABLE) => PlaceOrderError::KeyInUse,
+                _ => error.into(),
+            })?;
+        if claimed.is_none() {
+            let stored = tx
+                .query_opt(
+                    &tx.prepare_cached(
+                        "SELECT fingerprint, order_id, response_status, response_body
+                           FROM idempotency_keys WHERE key = $1",
+                    )
+                    .await?,
+                    &[&keyed.key.as_str()],
+                )
+                .await?
+                // Deleted since the insert saw it: expired and pruned; the client retries.
+                .ok_or(PlaceOrderError::KeyInUse)?;
+            if stored.get::<_, &[u8]>("fingerprint") != keyed.fingerprint.as_bytes() {
+                return Err(PlaceOrderError::KeyReused);
+            }
+            return Ok(Placed::Replayed {
+                order_id: stored.get("order_id"),
+                status: stored.get::<_, i16>("response_status") as u16,
+                body: stored.get("response_body"),
+            });
+        }
+    }
 
     let product_ids: Vec<Uuid> = lines.iter().map(|l| l.product_id).collect();
     let prices = tx
@@ -157,9 +264,8 @@ pub async fn place_order(
         },
     )
     .await?;
-    tx.commit().await?;
 
-    Ok(Order {
+    let order = Order {
         id: order_id,
         customer_id: customer_id.to_owned(),
         status: OrderStatus::Pending,
@@ -168,7 +274,23 @@ pub async fn place_order(
         cancel_reason: None,
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
-    })
+    };
+    let body = serde_json::to_string(&order).expect("an order serializes");
+    if let Some(keyed) = &keyed {
+        tx.execute(
+            &tx.prepare_cached(
+                "UPDATE idempotency_keys
+                    SET order_id = $2, response_status = $3, response_body = $4
+                  WHERE key = $1",
+            )
+            .await?,
+            &[&keyed.key.as_str(), &order_id, &CREATED, &body],
+        )
+        .await?;
+    }
+    saga::failpoint::crash_point(saga::failpoint::API_BEFORE_COMMIT);
+    tx.commit().await?;
+    Ok(Placed::New { order, body })
 }
 
 pub async fn find_order(

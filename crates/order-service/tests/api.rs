@@ -1,91 +1,9 @@
 //! The order API, served in-process on port 0 against a fresh database and namespace.
 
-use order_service::{Application, Config};
-use saga::config::{DatabaseConfig, KafkaConfig};
-use saga_testkit::{TestDatabase, TestKafka};
+mod app;
+
+use app::{KEYBOARD, order, spawn_app};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
-
-const KEYBOARD: &str = "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21";
-
-struct TestApp {
-    base: String,
-    db: TestDatabase,
-    http: reqwest::Client,
-    shutdown: CancellationToken,
-}
-
-impl Drop for TestApp {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn spawn_app() -> TestApp {
-    let (db, kafka) = tokio::join!(TestDatabase::empty(), TestKafka::new());
-    let config = Config {
-        database: DatabaseConfig {
-            database_url: db.url.clone(),
-            database_pool_size: 4,
-            consumer_pool_size: 2,
-        },
-        kafka: KafkaConfig {
-            kafka_brokers: kafka.brokers.clone(),
-            kafka_namespace: kafka.namespace.clone(),
-            consumer_batch_size: 1,
-            outbox_poll_interval_ms: 200,
-        },
-        http_addr: "127.0.0.1:0".parse().unwrap(),
-    };
-    let app = Application::build(config)
-        .await
-        .expect("order-service builds");
-    let base = format!("http://{}", app.local_addr());
-    let shutdown = CancellationToken::new();
-    tokio::spawn(app.run_until_stopped(shutdown.clone()));
-    TestApp {
-        base,
-        db,
-        http: reqwest::Client::new(),
-        shutdown,
-    }
-}
-
-impl TestApp {
-    async fn post_raw(&self, content_type: &str, body: &str) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}/v1/orders", self.base))
-            .header("content-type", content_type)
-            .body(body.to_owned())
-            .send()
-            .await
-            .unwrap();
-        (response.status().as_u16(), response.json().await.unwrap())
-    }
-
-    async fn post_order(&self, body: Value) -> (u16, Value) {
-        self.post_raw("application/json", &body.to_string()).await
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
-        (response.status().as_u16(), response.json().await.unwrap())
-    }
-
-    async fn orders(&self) -> i64 {
-        self.db.count("SELECT count(*) FROM orders", &[]).await
-    }
-}
-
-fn order(quantity: i64) -> Value {
-    json!({ "customer_id": "cust-1", "items": [{ "product_id": KEYBOARD, "quantity": quantity }] })
-}
 
 #[tokio::test]
 async fn placing_an_order_prices_it_from_the_catalog_and_records_order_created() {

@@ -33,10 +33,10 @@ impl Fixture {
             product_id: KEYBOARD.parse().unwrap(),
             quantity: 2,
         }];
-        orders::place_order(&self.db.pool, &self.topics, "cust-1", &lines)
-            .await
-            .unwrap()
-            .id
+        match orders::place_order(&self.db.pool, &self.topics, "cust-1", &lines, None).await {
+            Ok(orders::Placed::New { order, .. }) => order.id,
+            other => panic!("an order without a key is placed, not {other:?}"),
+        }
     }
 
     async fn status(&self, order_id: Uuid) -> String {

@@ -1,5 +1,6 @@
-//! Failpoints: the exact places where the fault suite (`crates/e2e/tests/faults.rs`) makes
-//! a service die, to prove that a crash there loses nothing and applies nothing twice.
+//! Failpoints: the exact places where the fault suite (`crates/e2e/tests/faults.rs`) and the
+//! end-to-end tests make a service die, to prove that a crash there loses nothing and
+//! applies nothing twice.
 //!
 //! - [`CONSUMER_AFTER_HANDLER`]: the handler's transaction committed, the offset is not
 //!   stored yet. The record is redelivered; the inbox absorbs it.
@@ -9,6 +10,9 @@
 //!   the handler has written the state change and the outbox row, before `COMMIT`. The
 //!   transaction dies with the process: nothing of it is applied, and the redelivered
 //!   records apply it whole.
+//! - [`API_BEFORE_COMMIT`]: inside the transaction of `POST /v1/orders`, once the order,
+//!   its `order.created` row and its idempotency key are written, before `COMMIT`. The
+//!   client gets no answer and retries; with the same key it places the order once.
 //!
 //! They are off unless the `FAILPOINTS` environment variable arms them when the service
 //! starts, in the syntax of the `fail` crate: `name=actions;name=actions`. The action
@@ -29,10 +33,14 @@ pub const RELAY_AFTER_ACK: &str = "relay.after-ack";
 /// In an event's (or a batch's) transaction, after the handler's writes, before commit.
 pub const HANDLER_BEFORE_COMMIT: &str = "handler.before-commit";
 
-const ALL: [&str; 3] = [
+/// In the transaction of an order placed over HTTP, after its writes, before commit.
+pub const API_BEFORE_COMMIT: &str = "api.before-commit";
+
+const ALL: [&str; 4] = [
     CONSUMER_AFTER_HANDLER,
     RELAY_AFTER_ACK,
     HANDLER_BEFORE_COMMIT,
+    API_BEFORE_COMMIT,
 ];
 
 /// Arms the failpoints that `FAILPOINTS` names. An unknown name or a malformed action is
