@@ -320,6 +320,9 @@ pub struct Transaction {
     pub function: &'static str,
     /// pgbench `\set` lines run before it (random ids).
     pub variables: Vec<String>,
+    /// Statements of the function that this transaction does not run, by their opening
+    /// words: those of another path through it (with a key or without, a replay).
+    pub skips: Vec<&'static str>,
     pub bindings: Vec<Binding>,
 }
 
@@ -345,19 +348,21 @@ fn text(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
-/// A payload as a jsonb literal. Pretty-printed, because pgbench would read the
-/// `:1299` of compact JSON as a variable; jsonb stores the same value either way.
-fn jsonb(payload: &impl serde::Serialize) -> String {
+/// A value as a text literal of its JSON. Pretty-printed, because pgbench would read the
+/// `:1299` of compact JSON as a variable.
+fn json_text(payload: &impl serde::Serialize) -> String {
     let mut bytes = Vec::new();
     let formatter = serde_json::ser::PrettyFormatter::with_indent(b"");
     let mut serializer = serde_json::Serializer::with_formatter(&mut bytes, formatter);
     payload
         .serialize(&mut serializer)
         .expect("payloads serialize");
-    format!(
-        "{}::jsonb",
-        text(&String::from_utf8(bytes).expect("JSON is UTF-8"))
-    )
+    text(&String::from_utf8(bytes).expect("JSON is UTF-8"))
+}
+
+/// A payload as a jsonb literal; jsonb stores the same value however it was printed.
+fn jsonb(payload: &impl serde::Serialize) -> String {
+    format!("{}::jsonb", json_text(payload))
 }
 
 fn sample_order_id() -> uuid::Uuid {
@@ -378,8 +383,25 @@ fn outbox(event_id: String, topic: &str, event_type: &str, payload: String) -> B
 }
 
 impl Transaction {
-    /// `POST /v1/orders`: price lookup, order, items, `order.created` in the outbox.
+    /// `POST /v1/orders` without a key: price lookup, order, items, `order.created` in the
+    /// outbox.
     pub fn create() -> Self {
+        Self {
+            name: "create",
+            what: "POST /v1/orders: order + items + outbox",
+            skips: vec![
+                "SELECT set_config",
+                "INSERT INTO idempotency_keys",
+                "SELECT fingerprint",
+            ],
+            ..Self::create_keyed()
+        }
+        .without_key_bindings()
+    }
+
+    /// `POST /v1/orders` with an `Idempotency-Key` seen for the first time: the key
+    /// claimed with the answer it will give, then the order as [`Transaction::create`].
+    pub fn create_keyed() -> Self {
         use saga::events::{OrderCreated, OrderItem};
         let payload = OrderCreated {
             order_id: sample_order_id(),
@@ -391,17 +413,41 @@ impl Transaction {
                 unit_price_cents: PRICE_CENTS,
             }],
         };
+        // About the size of the order's real 201 body (no colons in its times: pgbench
+        // would read `:34` as a variable).
+        let answer = serde_json::json!({ "id": sample_order_id(), "customer_id": "bench-ceiling",
+            "status": "pending", "amount_cents": PRICE_CENTS * i64::from(QUANTITY),
+            "items": payload.items, "created_at": "2026-12-01T09 34 33.155518Z",
+            "updated_at": "2026-12-01T09 34 33.155518Z" });
+        let key = "'bench-' || :client_id::text || '-' || :r::text";
         Self {
-            name: "create",
-            what: "POST /v1/orders: order + items + outbox",
+            name: "create keyed",
+            what: "POST /v1/orders with an Idempotency-Key: key and answer + order + items + outbox",
             database: Database::Orders,
             source: &ORDERS,
             function: "place_order",
             variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            // Only a replay reads the stored answer back.
+            skips: vec!["SELECT fingerprint"],
             bindings: vec![
                 Binding {
-                    starts_with: "SELECT id, price_cents FROM products",
+                    starts_with: "SELECT id, price_cents",
                     values: vec![format!("ARRAY['{PRODUCT}']::uuid[]")],
+                },
+                Binding {
+                    starts_with: "SELECT set_config('lock_timeout'",
+                    values: vec![text("2000ms")],
+                },
+                Binding {
+                    starts_with: "INSERT INTO idempotency_keys",
+                    values: vec![
+                        key.into(),
+                        "sha256((:r::text)::bytea)".into(),
+                        ORDER_ID.into(),
+                        "201".into(),
+                        json_text(&answer),
+                        "86400.0".into(),
+                    ],
                 },
                 Binding {
                     starts_with: "INSERT INTO orders",
@@ -409,6 +455,7 @@ impl Transaction {
                         ORDER_ID.into(),
                         text("bench-ceiling"),
                         (PRICE_CENTS * i64::from(QUANTITY)).to_string(),
+                        "now()".into(),
                     ],
                 },
                 Binding {
@@ -430,6 +477,15 @@ impl Transaction {
         }
     }
 
+    /// These bindings without the key's statements.
+    fn without_key_bindings(mut self) -> Self {
+        self.bindings.retain(|b| {
+            !b.starts_with.starts_with("SELECT set_config")
+                && !b.starts_with.contains("idempotency_keys")
+        });
+        self
+    }
+
     /// payment-service's ChargeOrder: inbox, payment, `payment.succeeded` in the outbox.
     pub fn charge() -> Self {
         let payload = saga::events::PaymentResult {
@@ -444,6 +500,7 @@ impl Transaction {
             source: &CHARGE_ORDER,
             function: "charge_order",
             variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            skips: Vec::new(),
             bindings: vec![
                 Binding {
                     starts_with: "INSERT INTO processed_events",
@@ -490,6 +547,7 @@ impl Transaction {
                 r"\set r random(1, 9000000000000000000)".into(),
                 format!(r"\set i random(1, {PENDING_ORDERS})"),
             ],
+            skips: Vec::new(),
             bindings: vec![
                 Binding {
                     starts_with: "INSERT INTO processed_events",
@@ -538,6 +596,7 @@ impl Transaction {
             source: &NOTIFY_CUSTOMER,
             function: "notify_customer",
             variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            skips: Vec::new(),
             bindings: vec![
                 Binding {
                     starts_with: "INSERT INTO processed_events",
@@ -577,6 +636,7 @@ impl Transaction {
             source: &OUTBOX,
             function: "publish_batch",
             variables: Vec::new(),
+            skips: Vec::new(),
             bindings: vec![
                 Binding {
                     starts_with: "SELECT id, event_id, topic, key, type, payload, occurred_at FROM outbox",
@@ -593,6 +653,7 @@ impl Transaction {
     pub fn all() -> Vec<Self> {
         vec![
             Self::create(),
+            Self::create_keyed(),
             Self::charge(),
             Self::apply(),
             Self::notify(),
@@ -609,8 +670,19 @@ impl Transaction {
     /// `BEGIN … COMMIT` when the handler opens a transaction. Fails, naming the
     /// statement, when the source and the bindings no longer fit each other.
     pub fn pgbench_script(&self) -> anyhow::Result<String> {
-        let extracted = self.extracted()?;
+        let mut extracted = self.extracted()?;
         let place = format!("{} `{}`", self.source.path, self.function);
+        for skip in &self.skips {
+            let before = extracted.statements.len();
+            extracted
+                .statements
+                .retain(|statement| !one_line(statement).starts_with(skip));
+            if extracted.statements.len() == before {
+                bail!(
+                    "{place} has no statement starting `{skip}` to leave out: update crates/bench/src/sql.rs"
+                );
+            }
+        }
         if extracted.statements.len() != self.bindings.len() {
             bail!(
                 "{place} runs {} statements, the benchmark binds {}: update crates/bench/src/sql.rs\n{}",

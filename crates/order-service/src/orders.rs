@@ -118,12 +118,12 @@ pub enum PlaceOrderError {
 /// Places a `pending` order priced from the catalog and, in the same transaction, its
 /// `order.created` event, whose id is the order's id.
 ///
-/// With a key, that transaction first claims it, the way a consumer's guard 1 claims an
-/// event id: a key already stored (and not expired) means this request was answered
-/// before, and its answer is replayed without placing anything. The claim's row is filled
-/// with the answer before the commit, so the key, the order and its event are committed
-/// together or not at all: a crash before the commit leaves no key, and the retry places
-/// the order.
+/// With a key, that transaction claims it before writing anything else, the way a
+/// consumer's guard 1 claims an event id, and stores with it the answer it is about to
+/// give: a key already stored (and not expired) means this request was answered before,
+/// and that answer is replayed without placing anything. The key, the order and its event
+/// are committed together or not at all: a crash before the commit leaves no key, and
+/// the retry places the order.
 pub async fn place_order(
     pool: &Pool,
     topics: &Topics,
@@ -136,6 +136,50 @@ pub async fn place_order(
     // every call: parsing and planning it again, and the extra round trip that takes,
     // cost more than running it.
     let tx = client.transaction().await?;
+
+    // `now()` is the transaction's start: the order's time, known before anything is
+    // written, so that the answer stored with the key is the one the commit makes true.
+    let product_ids: Vec<Uuid> = lines.iter().map(|l| l.product_id).collect();
+    let prices = tx
+        .query(
+            &tx.prepare_cached(
+                "SELECT id, price_cents, now() AS placed_at FROM products WHERE id = ANY($1)",
+            )
+            .await?,
+            &[&product_ids],
+        )
+        .await?;
+    let mut items = Vec::with_capacity(lines.len());
+    for (index, line) in lines.iter().enumerate() {
+        let price = prices
+            .iter()
+            .find(|row| row.get::<_, Uuid>("id") == line.product_id)
+            .ok_or(PlaceOrderError::UnknownProduct {
+                index,
+                product_id: line.product_id,
+            })?;
+        items.push(OrderItem {
+            product_id: line.product_id,
+            quantity: line.quantity,
+            unit_price_cents: price.get("price_cents"),
+        });
+    }
+    let amount_cents: i64 = items
+        .iter()
+        .map(|i| i.unit_price_cents * i64::from(i.quantity))
+        .sum();
+    let placed_at: OffsetDateTime = prices[0].get("placed_at");
+    let order = Order {
+        id: Uuid::new_v4(),
+        customer_id: customer_id.to_owned(),
+        status: OrderStatus::Pending,
+        amount_cents,
+        items,
+        cancel_reason: None,
+        created_at: placed_at,
+        updated_at: placed_at,
+    };
+    let body = serde_json::to_string(&order).expect("an order serializes");
 
     if let Some(keyed) = &keyed {
         // A second request with the same key blocks on this insert until the first
@@ -153,17 +197,23 @@ pub async fn place_order(
         let claimed = tx
             .query_opt(
                 &tx.prepare_cached(
-                    "INSERT INTO idempotency_keys (key, fingerprint) VALUES ($1, $2)
+                    "INSERT INTO idempotency_keys
+                         (key, fingerprint, order_id, response_status, response_body)
+                     VALUES ($1, $2, $3, $4, $5)
                      ON CONFLICT (key) DO UPDATE
-                        SET fingerprint = EXCLUDED.fingerprint, created_at = now(),
-                            order_id = NULL, response_status = NULL, response_body = NULL
-                      WHERE idempotency_keys.created_at <= now() - make_interval(secs => $3)
+                        SET fingerprint = EXCLUDED.fingerprint, order_id = EXCLUDED.order_id,
+                            response_status = EXCLUDED.response_status,
+                            response_body = EXCLUDED.response_body, created_at = now()
+                      WHERE idempotency_keys.created_at <= now() - make_interval(secs => $6)
                      RETURNING key",
                 )
                 .await?,
                 &[
                     &keyed.key.as_str(),
                     &keyed.fingerprint.as_bytes(),
+                    &order.id,
+                    &CREATED,
+                    &body,
                     &keyed.ttl.as_secs_f64(),
                 ],
             )
@@ -196,58 +246,27 @@ pub async fn place_order(
         }
     }
 
-    let product_ids: Vec<Uuid> = lines.iter().map(|l| l.product_id).collect();
-    let prices = tx
-        .query(
-            &tx.prepare_cached("SELECT id, price_cents FROM products WHERE id = ANY($1)")
-                .await?,
-            &[&product_ids],
+    tx.execute(
+        &tx.prepare_cached(
+            "INSERT INTO orders (id, customer_id, status, amount_cents, created_at, updated_at)
+             VALUES ($1, $2, 'pending', $3, $4, $4)",
         )
-        .await?;
-    let mut items = Vec::with_capacity(lines.len());
-    for (index, line) in lines.iter().enumerate() {
-        let price = prices
-            .iter()
-            .find(|row| row.get::<_, Uuid>("id") == line.product_id)
-            .ok_or(PlaceOrderError::UnknownProduct {
-                index,
-                product_id: line.product_id,
-            })?;
-        items.push(OrderItem {
-            product_id: line.product_id,
-            quantity: line.quantity,
-            unit_price_cents: price.get("price_cents"),
-        });
-    }
-    let amount_cents: i64 = items
-        .iter()
-        .map(|i| i.unit_price_cents * i64::from(i.quantity))
-        .sum();
-
-    let order_id = Uuid::new_v4();
-    let row = tx
-        .query_one(
-            &tx.prepare_cached(
-                "INSERT INTO orders (id, customer_id, status, amount_cents)
-                 VALUES ($1, $2, 'pending', $3)
-                 RETURNING created_at, updated_at",
-            )
-            .await?,
-            &[&order_id, &customer_id, &amount_cents],
-        )
-        .await?;
-    let quantities: Vec<i32> = items.iter().map(|i| i.quantity).collect();
-    let unit_prices: Vec<i64> = items.iter().map(|i| i.unit_price_cents).collect();
+        .await?,
+        &[&order.id, &customer_id, &amount_cents, &placed_at],
+    )
+    .await?;
+    let quantities: Vec<i32> = order.items.iter().map(|i| i.quantity).collect();
+    let unit_prices: Vec<i64> = order.items.iter().map(|i| i.unit_price_cents).collect();
     tx.execute(
         &tx.prepare_cached(
             "INSERT INTO order_items (order_id, product_id, quantity, unit_price_cents)
              SELECT $1, * FROM UNNEST($2::uuid[], $3::int[], $4::bigint[])",
         )
         .await?,
-        &[&order_id, &product_ids, &quantities, &unit_prices],
+        &[&order.id, &product_ids, &quantities, &unit_prices],
     )
     .await?;
-    let order_key = order_id.to_string();
+    let order_key = order.id.to_string();
     outbox::enqueue(
         &tx,
         &NewEvent {
@@ -256,38 +275,14 @@ pub async fn place_order(
             key: &order_key,
             event_type: events::ORDER_CREATED,
             payload: &OrderCreated {
-                order_id,
+                order_id: order.id,
                 customer_id: customer_id.to_owned(),
                 amount_cents,
-                items: items.clone(),
+                items: order.items.clone(),
             },
         },
     )
     .await?;
-
-    let order = Order {
-        id: order_id,
-        customer_id: customer_id.to_owned(),
-        status: OrderStatus::Pending,
-        amount_cents,
-        items,
-        cancel_reason: None,
-        created_at: row.get("created_at"),
-        updated_at: row.get("updated_at"),
-    };
-    let body = serde_json::to_string(&order).expect("an order serializes");
-    if let Some(keyed) = &keyed {
-        tx.execute(
-            &tx.prepare_cached(
-                "UPDATE idempotency_keys
-                    SET order_id = $2, response_status = $3, response_body = $4
-                  WHERE key = $1",
-            )
-            .await?,
-            &[&keyed.key.as_str(), &order_id, &CREATED, &body],
-        )
-        .await?;
-    }
     saga::failpoint::crash_point(saga::failpoint::API_BEFORE_COMMIT);
     tx.commit().await?;
     Ok(Placed::New { order, body })

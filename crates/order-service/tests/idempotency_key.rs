@@ -266,9 +266,12 @@ async fn a_key_held_longer_than_the_wait_is_409_with_retry_after_and_nothing_pla
     .await;
     let mut client = app.db.client().await;
     let first = client.transaction().await.unwrap();
+    // An order that will never exist: the key's foreign key is checked at commit only.
     first
         .execute(
-            "INSERT INTO idempotency_keys (key, fingerprint) VALUES ('busy', '\\x00')",
+            "INSERT INTO idempotency_keys
+                 (key, fingerprint, order_id, response_status, response_body)
+             VALUES ('busy', '\\x00', gen_random_uuid(), 201, '{}')",
             &[],
         )
         .await
