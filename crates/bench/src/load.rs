@@ -34,6 +34,16 @@ impl std::fmt::Display for Shape {
     }
 }
 
+/// Whether each request carries an `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Keys {
+    None,
+    /// A key of its own per request (`<tag>-<n>`): what a client that keys every order
+    /// sends when nothing is retried.
+    Unique,
+}
+
 /// What one run of the generator saw from the client side.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadResult {
@@ -66,6 +76,8 @@ const MAX_IN_FLIGHT: u64 = 2_000;
 pub struct LoadGenerator {
     client: reqwest::Client,
     url: String,
+    /// Numbers the keys of [`Keys::Unique`], unique across the generator's runs.
+    keys_sent: AtomicU64,
 }
 
 /// The demo's order: two keyboards, 25.98, under the payment limit, so it is confirmed.
@@ -87,18 +99,21 @@ impl LoadGenerator {
                 .tcp_nodelay(true)
                 .build()?,
             url: format!("{}/v1/orders", base.trim_end_matches('/')),
+            keys_sent: AtomicU64::new(0),
         })
     }
 
-    async fn place(&self, body: &str) -> bool {
-        match self
+    async fn place(&self, body: &str, keys: Keys, tag: &str) -> bool {
+        let mut request = self
             .client
             .post(&self.url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.to_owned())
-            .send()
-            .await
-        {
+            .body(body.to_owned());
+        if keys == Keys::Unique {
+            let n = self.keys_sent.fetch_add(1, Ordering::Relaxed);
+            request = request.header("idempotency-key", format!("{tag}-{n}"));
+        }
+        match request.send().await {
             Ok(response) => response.status() == reqwest::StatusCode::CREATED,
             Err(_) => false,
         }
@@ -106,13 +121,19 @@ impl LoadGenerator {
 
     /// Offers orders shaped `shape` for `duration`, then waits for the answers still due.
     pub async fn run(self: &Arc<Self>, shape: Shape, duration: Duration, tag: &str) -> LoadResult {
-        self.offer(shape, duration, None, tag).await
+        self.offer(shape, duration, None, tag, Keys::None).await
     }
 
-    /// Places `count` orders as fast as `shape` (closed) allows; the rate is over the
-    /// time it took.
-    pub async fn run_count(self: &Arc<Self>, shape: Shape, count: u64, tag: &str) -> LoadResult {
-        self.offer(shape, Duration::from_secs(600), Some(count), tag)
+    /// Places `count` orders as fast as `shape` (closed) allows, each with a key or not;
+    /// the rate is over the time it took.
+    pub async fn run_count(
+        self: &Arc<Self>,
+        shape: Shape,
+        count: u64,
+        tag: &str,
+        keys: Keys,
+    ) -> LoadResult {
+        self.offer(shape, Duration::from_secs(600), Some(count), tag, keys)
             .await
     }
 
@@ -122,8 +143,10 @@ impl LoadGenerator {
         duration: Duration,
         limit: Option<u64>,
         tag: &str,
+        keys: Keys,
     ) -> LoadResult {
         let body: Arc<str> = order_body(tag).into();
+        let tag: Arc<str> = tag.into();
         let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
         let failed = Arc::new(AtomicU64::new(0));
         let remaining = Arc::new(AtomicU64::new(limit.unwrap_or(u64::MAX)));
@@ -136,7 +159,7 @@ impl LoadGenerator {
                 let mut clients = tokio::task::JoinSet::new();
                 for _ in 0..concurrency {
                     let generator = self.clone();
-                    let body = body.clone();
+                    let (body, tag) = (body.clone(), tag.clone());
                     let latencies = latencies.clone();
                     let failed = failed.clone();
                     let remaining = remaining.clone();
@@ -150,7 +173,7 @@ impl LoadGenerator {
                                 .is_ok()
                         {
                             let sent = Instant::now();
-                            if generator.place(&body).await {
+                            if generator.place(&body, keys, &tag).await {
                                 mine.push(sent.elapsed().as_micros() as u64);
                             } else {
                                 // Not placed: another try is owed.
@@ -177,12 +200,12 @@ impl LoadGenerator {
                     } else {
                         in_flight.fetch_add(1, Ordering::Relaxed);
                         let generator = self.clone();
-                        let body = body.clone();
+                        let (body, tag) = (body.clone(), tag.clone());
                         let latencies = latencies.clone();
                         let failed = failed.clone();
                         let in_flight = in_flight.clone();
                         requests.spawn(async move {
-                            if generator.place(&body).await {
+                            if generator.place(&body, keys, &tag).await {
                                 let latency = due.elapsed().as_micros() as u64;
                                 latencies.lock().await.push(latency);
                             } else {
@@ -207,7 +230,7 @@ impl LoadGenerator {
         post_latencies_us.sort_unstable();
         LoadResult {
             shape,
-            tag: tag.to_owned(),
+            tag: tag.to_string(),
             started_at,
             seconds,
             placed: post_latencies_us.len() as u64,

@@ -47,6 +47,14 @@ pub struct Usage {
     pub peak_rss_kib: u64,
 }
 
+impl Usage {
+    /// Adds `other`'s CPU time; keeps the higher peak.
+    pub fn add(&mut self, other: &Usage) {
+        self.cpu_seconds += other.cpu_seconds;
+        self.peak_rss_kib = self.peak_rss_kib.max(other.peak_rss_kib);
+    }
+}
+
 impl Running {
     pub async fn start(spec: &ServiceSpec, env: &StackEnv) -> anyhow::Result<Self> {
         let log_path = env.log_dir.join(format!("{}.log", spec.name));

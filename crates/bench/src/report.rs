@@ -78,6 +78,8 @@ pub struct Capacity {
     pub orders: u32,
     /// `POST /v1/orders` alone (no consumer or relay working), orders per second.
     pub create: Drain,
+    /// The same, each request with an `Idempotency-Key` of its own.
+    pub create_keyed: Drain,
     pub charge: Drain,
     pub apply: Drain,
     pub notify: Drain,
@@ -96,6 +98,7 @@ impl Capacity {
     pub fn cpu_ms_per_event(&self, phase: &str, service: &str) -> f64 {
         let drain = match phase {
             "create" => &self.create,
+            "create keyed" => &self.create_keyed,
             "relay order.created" => &self.relay_orders_created,
             "charge" => &self.charge,
             "relay payments" => &self.relay_payments,
@@ -275,6 +278,7 @@ impl Report {
         md.push_str("|---|---|---:|---:|---:|\n");
         for (phase, service, drain) in [
             ("create", "order-service", &c.create),
+            ("create keyed", "order-service", &c.create_keyed),
             (
                 "relay order.created",
                 "order-service",

@@ -30,7 +30,7 @@ use time::OffsetDateTime;
 use tokio_postgres::Client;
 
 use crate::db::Databases;
-use crate::load::{LoadGenerator, Shape};
+use crate::load::{Keys, LoadGenerator, LoadResult, Shape};
 use crate::measure::{self, Work};
 use crate::pgbench;
 use crate::procs::{self, Running, ServiceSpec, StackEnv, Usage};
@@ -162,9 +162,7 @@ impl Stack {
     }
 
     fn account(&mut self, name: &'static str, usage: Usage) {
-        let total = self.totals.entry(name).or_default();
-        total.cpu_seconds += usage.cpu_seconds;
-        total.peak_rss_kib = total.peak_rss_kib.max(usage.peak_rss_kib);
+        self.totals.entry(name).or_default().add(&usage);
     }
 
     /// Each running service's usage since the last call, added to the run's totals.
@@ -385,27 +383,40 @@ async fn capacity(
     stack.start("order-service").await?;
     stack.usage();
     let tag = format!("bench{run_id}-backlog");
-    let placed = generator
-        .run_count(
-            Shape::Closed {
-                concurrency: pool_size,
-            },
-            u64::from(n),
-            &tag,
-        )
-        .await;
-    usage.insert("create".to_owned(), stack.usage());
-    let create = crate::measure::Drain {
-        rows: placed.placed as i64,
-        seconds: placed.seconds,
-        per_second: placed.placed_per_second(),
-        batches: None,
-    };
+    // The backlog is placed in four parts, without and with an Idempotency-Key on every
+    // request in turn, so that the key's cost is measured side by side, on the same
+    // machine state, with drift shared between the two.
+    let mut plain = Placing::default();
+    let mut keyed = Placing::default();
+    for part in 0..4 {
+        let (keys, placing) = if part % 2 == 0 {
+            (Keys::None, &mut plain)
+        } else {
+            (Keys::Unique, &mut keyed)
+        };
+        let count = u64::from(n / 4 + u32::from(part == 3) * (n % 4));
+        let placed = generator
+            .run_count(
+                Shape::Closed {
+                    concurrency: pool_size,
+                },
+                count,
+                &tag,
+                keys,
+            )
+            .await;
+        placing.add(&placed, stack.usage());
+    }
+    let create = plain.drain();
+    let create_keyed = keyed.drain();
+    usage.insert("create".to_owned(), plain.usage);
+    usage.insert("create keyed".to_owned(), keyed.usage);
     log(format!(
-        "capacity: POST alone {:.0} orders/s",
-        create.per_second
+        "capacity: POST alone {:.0} orders/s, with an Idempotency-Key {:.0} orders/s",
+        create.per_second, create_keyed.per_second
     ));
     ceilings.measure("create").await?;
+    ceilings.measure("create keyed").await?;
 
     let mut backlog = Backlog {
         stack,
@@ -491,6 +502,7 @@ async fn capacity(
     Ok(Capacity {
         orders: n,
         create,
+        create_keyed,
         charge,
         apply,
         notify,
@@ -501,6 +513,33 @@ async fn capacity(
         usage,
         load_average: procs::load_average(),
     })
+}
+
+/// Orders placed in several parts of one kind, summed.
+#[derive(Default)]
+struct Placing {
+    placed: u64,
+    seconds: f64,
+    usage: BTreeMap<String, Usage>,
+}
+
+impl Placing {
+    fn add(&mut self, placed: &LoadResult, usage: BTreeMap<String, Usage>) {
+        self.placed += placed.placed;
+        self.seconds += placed.seconds;
+        for (service, part) in usage {
+            self.usage.entry(service).or_default().add(&part);
+        }
+    }
+
+    fn drain(&self) -> crate::measure::Drain {
+        crate::measure::Drain {
+            rows: self.placed as i64,
+            seconds: self.seconds,
+            per_second: self.placed as f64 / self.seconds,
+            batches: None,
+        }
+    }
 }
 
 /// What lets a held-back backlog go: a consumer's service started, or a relay's lock
@@ -593,7 +632,7 @@ impl Ceilings {
         // The connections each transaction has in the services: HTTP requests share the
         // pool; a consumer applies one event per partition at a time; one relay.
         let connections = match name {
-            "create" => self.pool_size,
+            "create" | "create keyed" => self.pool_size,
             "relay" => 1,
             _ => self.partitions,
         };
@@ -981,6 +1020,21 @@ fn assemble(
             capacity.create.per_second,
             rate("create"),
             None,
+        ),
+        Ratio::new(
+            format!(
+                "POST /v1/orders with an Idempotency-Key ({} conns)",
+                connections("create keyed")
+            ),
+            capacity.create_keyed.per_second,
+            rate("create keyed"),
+            None,
+        ),
+        Ratio::new(
+            "POST /v1/orders with an Idempotency-Key vs without",
+            capacity.create_keyed.per_second,
+            capacity.create.per_second,
+            Some(0.90),
         ),
         Ratio::new(
             "outbox relay, rows published (best of four, 1 conn)",
