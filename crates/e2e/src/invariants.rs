@@ -5,7 +5,9 @@
 //!
 //! The invariants:
 //! - **Every order reached exactly one terminal status**, the right one for its amount,
-//!   and none is `pending` once the saga is quiet; no order the API accepted is missing.
+//!   and none is `pending` once the saga is quiet; no order the API accepted is missing,
+//!   and none is there twice: every order offered was placed once, its retries (each
+//!   with the order's `Idempotency-Key`) given it back.
 //! - **One payment, one outcome event, one notification per order**, each matching the
 //!   order's status, each announced by exactly one outbox row, every outbox row published.
 //! - **The inbox agrees with the logs**: every event logged as applied or guarded is in
@@ -36,6 +38,9 @@ pub const PAYMENT_LIMIT_CENTS: i64 = 100_000;
 pub struct Expected {
     /// The orders the API accepted: none may be lost.
     pub accepted: Vec<Uuid>,
+    /// How many orders were offered, each under an `Idempotency-Key` kept across its
+    /// retries: the database must hold exactly that many.
+    pub offered: Option<usize>,
     /// Records produced on purpose that can never be applied.
     pub poison: Vec<Poison>,
 }
@@ -123,8 +128,8 @@ impl Findings {
         out.push_str(&format!("\n=== {scenario}\n"));
         out.push_str(&format!("injected   {injected}\n"));
         out.push_str(&format!(
-            "checked    {} orders ({} confirmed, {} cancelled, {} pending) for: one terminal status \
-             each, the right one; one payment, one outcome event, one notification each, matching; \
+            "checked    {} orders ({} confirmed, {} cancelled, {} pending) for: each offered order \
+             placed once; one terminal status each, the right one; one payment, one outcome event, one notification each, matching; \
              every outbox row published; inboxes agree with the logs; no record skipped; dead \
              letters exactly the poison\n",
             self.orders, self.confirmed, self.cancelled, self.pending
@@ -532,6 +537,17 @@ fn check_orders(db: &Databases, expected: &Expected, findings: &mut Findings) {
                 "order {id} was accepted but is not in the database"
             ));
             lost.insert(*id);
+        }
+    }
+    if let Some(offered) = expected.offered {
+        // A retry placed its order again instead of getting the first one back.
+        let accepted: HashSet<&Uuid> = expected.accepted.iter().collect();
+        for id in db.orders.keys().filter(|id| !accepted.contains(id)) {
+            findings.violate(format!(
+                "order {id} is in the database but no POST got it back: of {offered} orders \
+                 offered, each with its own Idempotency-Key, one was placed twice"
+            ));
+            twice.insert(*id);
         }
     }
     let created = db.outbox_by_key(crate::ORDER_SERVICE, &[ORDER_CREATED]);

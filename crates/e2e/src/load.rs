@@ -1,13 +1,13 @@
 //! Orders placed in the background at a steady rate through the real API, while a
 //! scenario injects its faults.
 //!
-//! An order refused because the service is down or restarting (connection refused, 503
-//! while the database is down) is offered again until it is accepted: "refused" is a
-//! promise that nothing was stored. A request cut off mid-flight (the service killed
-//! while answering) is offered again too; the first attempt may have been stored, so the
-//! database may hold orders the load never heard back about. The checks take every order
-//! in the database as the truth and [`Load::finish`]'s list as the orders that must not
-//! be lost.
+//! Each order is offered with an `Idempotency-Key` of its own, and offered again with
+//! the same key until it is accepted: when the service is down or restarting (connection
+//! refused, 503 while the database is down, 409 while a killed request's transaction is
+//! not rolled back yet), and when a request is cut off mid-flight (the service killed
+//! while answering). The first attempt of a cut-off request may have been committed; its
+//! retry then gets that order back instead of placing a second one. So the database must
+//! hold exactly the orders offered, and [`Load::finish`]'s list is every one of them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -109,9 +109,10 @@ async fn place(
             "customer_id": format!("cust-{}", i % 50),
             "items": [{ "product_id": KEYBOARD, "quantity": quantity }],
         });
+        let key = format!("load-{i}");
         loop {
             ticks.tick().await;
-            match offer(&http, &url, &body).await {
+            match offer(&http, &url, &key, &body).await {
                 Offer::Accepted(id) => {
                     accepted.lock().unwrap().push(id);
                     break;
@@ -129,9 +130,10 @@ enum Offer {
     Refused,
 }
 
-async fn offer(http: &reqwest::Client, url: &str, body: &Value) -> Offer {
+async fn offer(http: &reqwest::Client, url: &str, key: &str, body: &Value) -> Offer {
     let response = match http
         .post(url)
+        .header("idempotency-key", key)
         .json(body)
         .timeout(Duration::from_secs(30))
         .send()
@@ -148,8 +150,9 @@ async fn offer(http: &reqwest::Client, url: &str, body: &Value) -> Offer {
             // Cut off while answering: stored, but its id never arrived.
             Err(_) => Offer::Refused,
         },
-        // The database is down; nothing was stored.
-        503 => Offer::Refused,
+        // The database is down, or the key's first request (killed) still holds it;
+        // nothing was stored by this one.
+        409 | 503 => Offer::Refused,
         other => panic!(
             "POST /v1/orders answered {other}: {}",
             response.text().await.unwrap_or_default()

@@ -95,8 +95,10 @@ async fn drain_and_check(
     poison: Vec<Poison>,
 ) -> (Findings, Expected) {
     chaos::settle(stack, Some(&load), crashes, drain_timeout()).await;
+    let offered = load.orders;
     let expected = Expected {
         accepted: load.finish().await,
+        offered: Some(offered),
         poison,
     };
     let findings = invariants::check(stack, &expected, drain_timeout()).await;
