@@ -16,3 +16,6 @@ CREATE TABLE idempotency_keys (
     response_body   text NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT now()
 );
+
+-- Keys past their time to live are found (and deleted by the pruner) by age.
+CREATE INDEX idempotency_keys_created_at ON idempotency_keys (created_at);

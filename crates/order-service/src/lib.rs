@@ -14,7 +14,8 @@ pub mod orders;
 use std::net::SocketAddr;
 
 use clap::Parser;
-use saga::config::{DatabaseConfig, IdempotencyConfig, KafkaConfig};
+use saga::config::{DatabaseConfig, IdempotencyConfig, KafkaConfig, RetentionConfig};
+use saga::retention::Target;
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +44,8 @@ pub struct Config {
     #[command(flatten)]
     pub kafka: KafkaConfig,
     #[command(flatten)]
+    pub retention: RetentionConfig,
+    #[command(flatten)]
     pub idempotency: IdempotencyConfig,
     /// Where the order API and `/health` listen; port 0 picks a free port.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
@@ -56,15 +59,20 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let service = Service::start(
+        let mut service = Service::start(
             SERVICE,
             &config.database,
             &config.kafka,
+            &config.retention,
             config.http_addr,
             migrations,
             HISTORY_TABLE,
         )
         .await?;
+        // An expired key is a new request already; the pruner deletes its row.
+        service.prune_also(Target::idempotency_keys(
+            config.idempotency.idempotency_key_ttl,
+        ));
         Ok(Self {
             service,
             idempotency: config.idempotency,

@@ -8,7 +8,7 @@ pub mod charge_order;
 use std::net::SocketAddr;
 
 use clap::Parser;
-use saga::config::{DatabaseConfig, KafkaConfig};
+use saga::config::{DatabaseConfig, KafkaConfig, RetentionConfig};
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
@@ -36,6 +36,8 @@ pub struct Config {
     pub database: DatabaseConfig,
     #[command(flatten)]
     pub kafka: KafkaConfig,
+    #[command(flatten)]
+    pub retention: RetentionConfig,
     /// Where `/health` listens; port 0 picks a free port.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8081")]
     pub http_addr: SocketAddr,
@@ -55,6 +57,7 @@ impl Application {
             SERVICE,
             &config.database,
             &config.kafka,
+            &config.retention,
             config.http_addr,
             migrations,
             HISTORY_TABLE,

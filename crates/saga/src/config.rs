@@ -7,6 +7,8 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::TypedValueParser as _;
 
+use crate::retention::Window;
+
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseConfig {
     /// PostgreSQL URL of this service's own database.
@@ -79,4 +81,42 @@ pub struct IdempotencyConfig {
     #[arg(long, env = "IDEMPOTENCY_KEY_WAIT", default_value = "2s",
           value_parser = humantime::parse_duration)]
     pub idempotency_key_wait: Duration,
+}
+
+/// What a service's database keeps, and the pruner that deletes the rest (see
+/// [`crate::retention`]).
+#[derive(Debug, Clone, Args)]
+pub struct RetentionConfig {
+    /// How long an applied event's id stays in `processed_events`: at least as long as a
+    /// copy of the event can still arrive. The service refuses to start when this is
+    /// shorter than the `retention.ms` of the topic it consumes or of its dead-letter
+    /// topic. `off` keeps every id.
+    #[arg(long, env = "INBOX_RETENTION", default_value = "14days")]
+    pub inbox_retention: Window,
+
+    /// How long a published outbox row is kept, to read what was sent. An unpublished row
+    /// is never deleted. `off` keeps every row.
+    #[arg(long, env = "OUTBOX_RETENTION", default_value = "1day")]
+    pub outbox_retention: Window,
+
+    /// How often the pruner deletes what the windows no longer keep. `off`: never.
+    #[arg(long, env = "PRUNE_INTERVAL", default_value = "1m")]
+    pub prune_interval: Window,
+
+    /// Rows deleted per transaction: the longest a prune holds any row lock.
+    #[arg(long, env = "PRUNE_BATCH", default_value_t = 5000,
+          value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    pub prune_batch: i64,
+}
+
+impl RetentionConfig {
+    /// Nothing pruned, nothing checked: for tests that are about something else.
+    pub fn off() -> Self {
+        Self {
+            inbox_retention: Window::Off,
+            outbox_retention: Window::Off,
+            prune_interval: Window::Off,
+            prune_batch: 5000,
+        }
+    }
 }

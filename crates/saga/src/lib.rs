@@ -13,6 +13,9 @@
 //!   [`OutboxRelay`] that publishes committed rows.
 //! - [`idempotency`]: the `Idempotency-Key` header, the request fingerprint and the
 //!   replayed response, for an HTTP endpoint that makes a client's retry harmless.
+//! - [`retention`]: the [`retention::Pruner`] that keeps the inbox, the outbox and the
+//!   idempotency keys bounded, and the start-up check of the inbox's window against the
+//!   topics' retention.
 //! - [`failpoint`]: where the fault suite makes a service die on purpose; off unless
 //!   `FAILPOINTS` arms them.
 //! - [`redrive`]: sends dead letters back to their topics once the cause is fixed (the
@@ -37,6 +40,7 @@ pub mod idempotency;
 pub mod kafka;
 pub mod outbox;
 pub mod redrive;
+pub mod retention;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;

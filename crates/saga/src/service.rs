@@ -1,5 +1,5 @@
 //! The wiring every service shares: database pool and migrations, the HTTP listener, the
-//! outbox relay, and a consumer, run together until shutdown.
+//! outbox relay, the pruner, and a consumer, run together until shutdown.
 //!
 //! A service is `Service::start` (fails fast on bad configuration; waits for the
 //! database) followed by `Service::run` with its own router and handler.
@@ -15,9 +15,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{DatabaseConfig, KafkaConfig};
+use crate::config::{DatabaseConfig, KafkaConfig, RetentionConfig};
 use crate::consumer::{self, ConsumerSettings};
 use crate::db::{self, DbError};
+use crate::retention::{self, Pruner, Target, Window};
 use crate::{Applier, Handler, OutboxRelay, Topics, backoff};
 
 /// A service between start-up and shutdown.
@@ -31,6 +32,10 @@ pub struct Service {
     listener: TcpListener,
     database_url: String,
     kafka: KafkaConfig,
+    retention: RetentionConfig,
+    /// Tables of the service's own that the pruner keeps short, beside the inbox and the
+    /// outbox.
+    also_pruned: Vec<Target>,
 }
 
 /// One topic this service consumes, and what applies its events.
@@ -47,6 +52,7 @@ impl Service {
         name: &'static str,
         database: &DatabaseConfig,
         kafka: &KafkaConfig,
+        retention: &RetentionConfig,
         http_addr: SocketAddr,
         migrations: fn() -> refinery::Runner,
         history_table: &str,
@@ -74,7 +80,14 @@ impl Service {
             listener,
             database_url: database.database_url.clone(),
             kafka: kafka.clone(),
+            retention: retention.clone(),
+            also_pruned: Vec::new(),
         })
+    }
+
+    /// Has the pruner keep `target` short too.
+    pub fn prune_also(&mut self, target: Target) {
+        self.also_pruned.push(target);
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -87,24 +100,40 @@ impl Service {
         self.kafka.topics()
     }
 
-    /// Runs the HTTP server (`router` plus `/health`), the outbox relay and the consumer
-    /// until `shutdown`. If any of them fails, the others are stopped too and the error
-    /// is returned, so a supervisor sees the service die rather than limp.
+    /// Checks the inbox's window against the retention of the topics the consumer reads,
+    /// then runs the HTTP server (`router` plus `/health`), the outbox relay, the pruner
+    /// and the consumer until `shutdown`. If any of them fails, the others are stopped too
+    /// and the error is returned, so a supervisor sees the service die rather than limp.
     pub async fn run<H: Handler>(
-        self,
+        mut self,
         router: Router,
         subscription: Subscription<H>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
         let topics = self.topics();
+        let dead_letters = topics.dead_letter(&subscription.topic, self.name);
+        let inbox = self
+            .inbox_window(&[subscription.topic.clone(), dead_letters.clone()])
+            .await?;
         let settings = ConsumerSettings {
             batch_size: self.kafka.consumer_batch_size,
             ..ConsumerSettings::new(
                 &self.kafka.kafka_brokers,
                 topics.group(self.name),
                 subscription.topic.clone(),
-                topics.dead_letter(&subscription.topic, self.name),
+                dead_letters,
             )
+        };
+        let mut pruned = Target::saga_tables(inbox, self.retention.outbox_retention);
+        pruned.extend(std::mem::take(&mut self.also_pruned));
+        let pruner = match self.retention.prune_interval {
+            Window::Of(interval) => Some(Pruner::new(
+                &self.database_url,
+                pruned,
+                interval,
+                self.retention.prune_batch,
+            )?),
+            Window::Off => None,
         };
         let relay = OutboxRelay::new(
             &self.database_url,
@@ -129,7 +158,39 @@ impl Service {
             relay.run(relay_shutdown).await;
             Ok(())
         });
+        if let Some(pruner) = pruner {
+            let pruner_shutdown = shutdown.clone();
+            tasks.spawn("pruner", async move {
+                pruner.run(pruner_shutdown).await;
+                Ok(())
+            });
+        }
         tasks.wait().await
+    }
+
+    /// The inbox's window, checked against the retention of `topics` (waiting, with
+    /// backoff, for a broker that cannot be reached yet).
+    async fn inbox_window(&self, topics: &[String]) -> anyhow::Result<Window> {
+        if self.retention.prune_interval == Window::Off {
+            return Ok(Window::Off);
+        }
+        let mut delays = backoff::backoff();
+        loop {
+            match retention::check_inbox_window(
+                &self.kafka.kafka_brokers,
+                topics,
+                self.retention.inbox_retention,
+            )
+            .await
+            {
+                Err(retention::CheckError::Unreachable(error)) => {
+                    let delay = backoff::next_delay(&mut delays);
+                    tracing::warn!(%error, retry_in = ?delay, "broker not reachable yet: cannot read the topics' retention");
+                    tokio::time::sleep(delay).await;
+                }
+                other => return Ok(other?),
+            }
+        }
     }
 }
 

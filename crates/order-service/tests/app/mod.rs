@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use order_service::{Application, Config};
 use reqwest::header::HeaderMap;
-use saga::config::{DatabaseConfig, IdempotencyConfig, KafkaConfig};
+use saga::config::{DatabaseConfig, IdempotencyConfig, KafkaConfig, RetentionConfig};
 use saga_testkit::{TestDatabase, TestKafka};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -40,9 +40,10 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(defaults()).await
 }
 
-pub async fn spawn_app_with(idempotency: IdempotencyConfig) -> TestApp {
-    let (db, kafka) = tokio::join!(TestDatabase::empty(), TestKafka::new());
-    let config = Config {
+/// The service's configuration for a fresh database and namespace: pruning off, keys as
+/// given.
+pub fn config(db: &TestDatabase, kafka: &TestKafka, idempotency: IdempotencyConfig) -> Config {
+    Config {
         database: DatabaseConfig {
             database_url: db.url.clone(),
             database_pool_size: 4,
@@ -55,9 +56,14 @@ pub async fn spawn_app_with(idempotency: IdempotencyConfig) -> TestApp {
             outbox_poll_interval_ms: 200,
         },
         idempotency,
+        retention: RetentionConfig::off(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
-    };
-    let app = Application::build(config)
+    }
+}
+
+pub async fn spawn_app_with(idempotency: IdempotencyConfig) -> TestApp {
+    let (db, kafka) = tokio::join!(TestDatabase::empty(), TestKafka::new());
+    let app = Application::build(config(&db, &kafka, idempotency))
         .await
         .expect("order-service builds");
     let base = format!("http://{}", app.local_addr());

@@ -1,0 +1,359 @@
+//! Retention: how long the inbox, the outbox and the idempotency keys keep their rows, and
+//! the [`Pruner`] that deletes the rest, so that none of them grows without bound.
+//!
+//! Guarantees:
+//! - **Bounded work.** Rows go in batches of at most `PRUNE_BATCH`, each one statement in
+//!   its own transaction, oldest first, until none is left, then the pruner sleeps
+//!   `PRUNE_INTERVAL`. A batch's row locks last as long as that batch: a consumer whose
+//!   dedupe insert meets a row being deleted waits for one batch, never for the whole
+//!   prune, and a large backlog never becomes one long `DELETE`.
+//! - **One pruner per database at a time.** A pass runs only while its session holds an
+//!   advisory lock; an instance that finds it taken skips its turn, so scaled-out
+//!   instances do not all prune at once.
+//! - **Never what is still needed.** An unpublished outbox row is never deleted, however
+//!   old. The inbox keeps an id at least as long as a copy of its event can still arrive:
+//!   [`check_inbox_window`] refuses, at start-up, a window shorter than the retention of
+//!   the topic a service consumes or of its dead-letter topic, as the broker reports them.
+//!
+//! What a duplicate meets after its id is gone is guard 2: the order is no longer
+//! `pending`, the payment and the notification rows are unique per order. The state guard
+//! is what makes a bounded inbox safe; the window only keeps guard 1 the one that answers.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+use tokio_postgres::{Client, NoTls};
+use tokio_util::sync::CancellationToken;
+
+/// A span of time, or none (`0` or `off`): how long rows are kept (`Off`: for ever), how
+/// often the pruner runs (`Off`: never).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    Of(Duration),
+    Off,
+}
+
+impl FromStr for Window {
+    type Err = String;
+
+    /// `14days`, `36h`, `90s`; `0` or `off` for none.
+    fn from_str(value: &str) -> Result<Self, String> {
+        match value.trim() {
+            "0" | "off" => Ok(Window::Off),
+            other => match humantime::parse_duration(other) {
+                Ok(duration) if duration.is_zero() => Ok(Window::Off),
+                Ok(duration) => Ok(Window::Of(duration)),
+                Err(error) => Err(format!(
+                    "{error}: give a duration such as 14days or 36h, or off"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Window::Of(duration) => write!(f, "{}", humantime::format_duration(*duration)),
+            Window::Off => f.write_str("off"),
+        }
+    }
+}
+
+/// One table the pruner keeps short.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The table, for the logs.
+    pub table: &'static str,
+    /// Deletes at most `$2` rows older than `$1` seconds, oldest first.
+    ///
+    /// The age is tested twice, in the batch's selection and on each row deleted: a row
+    /// that changes while the batch waits for it (an expired idempotency key taken over by
+    /// a new request) is checked again as it is then, and kept.
+    delete: &'static str,
+    window: Duration,
+}
+
+impl Target {
+    /// `processed_events`: ids applied longer ago than `window`.
+    pub fn inbox(window: Duration) -> Self {
+        Self {
+            table: "processed_events",
+            delete: "DELETE FROM processed_events
+                      WHERE event_id IN (SELECT event_id FROM processed_events
+                                          WHERE processed_at < now() - make_interval(secs => $1)
+                                          ORDER BY processed_at LIMIT $2)
+                        AND processed_at < now() - make_interval(secs => $1)",
+            window,
+        }
+    }
+
+    /// `outbox`: rows published longer ago than `window`. An unpublished row has no
+    /// `published_at`, so no age: it stays until the relay has published it.
+    pub fn outbox(window: Duration) -> Self {
+        Self {
+            table: "outbox",
+            delete: "DELETE FROM outbox
+                      WHERE id IN (SELECT id FROM outbox
+                                    WHERE published_at < now() - make_interval(secs => $1)
+                                    ORDER BY published_at LIMIT $2)
+                        AND published_at < now() - make_interval(secs => $1)",
+            window,
+        }
+    }
+
+    /// `idempotency_keys` (an API's, see [`crate::idempotency`]): keys older than their
+    /// time to live, which the API already treats as new requests.
+    pub fn idempotency_keys(ttl: Duration) -> Self {
+        Self {
+            table: "idempotency_keys",
+            delete: "DELETE FROM idempotency_keys
+                      WHERE key IN (SELECT key FROM idempotency_keys
+                                     WHERE created_at < now() - make_interval(secs => $1)
+                                     ORDER BY created_at LIMIT $2)
+                        AND created_at < now() - make_interval(secs => $1)",
+            window: ttl,
+        }
+    }
+
+    /// The targets for `inbox` and `outbox`, leaving out a table whose window is off.
+    pub fn saga_tables(inbox: Window, outbox: Window) -> Vec<Self> {
+        let mut targets = Vec::new();
+        if let Window::Of(window) = inbox {
+            targets.push(Self::inbox(window));
+        }
+        if let Window::Of(window) = outbox {
+            targets.push(Self::outbox(window));
+        }
+        targets
+    }
+}
+
+/// Held by the active pruner for one pass.
+pub const PRUNER_LOCK: i64 = 0x7072_756e_6572; // "pruner"
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pass {
+    /// Another instance held the lock: this one deleted nothing.
+    pub skipped: bool,
+    /// Rows deleted per batch, per table, in the order the batches ran.
+    pub batches: Vec<(&'static str, u64)>,
+}
+
+impl Pass {
+    pub fn deleted(&self, table: &str) -> u64 {
+        self.batches
+            .iter()
+            .filter(|(t, _)| *t == table)
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// Deletes what [`Target`]s no longer keep, every `interval`.
+pub struct Pruner {
+    database: tokio_postgres::Config,
+    targets: Vec<Target>,
+    interval: Duration,
+    batch: i64,
+}
+
+impl Pruner {
+    pub fn new(
+        database_url: &str,
+        targets: Vec<Target>,
+        interval: Duration,
+        batch: i64,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            database: crate::db::parse_url(database_url)?,
+            targets,
+            interval,
+            batch,
+        })
+    }
+
+    /// Runs a pass every `interval` until `shutdown`. A failed pass (the database away) is
+    /// logged and tried again at the next turn: what was not deleted is still there.
+    pub async fn run(self, shutdown: CancellationToken) {
+        if self.targets.is_empty() {
+            return;
+        }
+        loop {
+            match self.pass().await {
+                Ok(pass) if pass.batches.iter().any(|(_, n)| *n > 0) => {
+                    for target in &self.targets {
+                        tracing::info!(
+                            table = target.table,
+                            deleted = pass.deleted(target.table),
+                            "pruned"
+                        );
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(error = format!("{error:#}"), "prune failed"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.interval) => {}
+            }
+        }
+    }
+
+    /// One pass over every target on a session of its own, if no other instance is
+    /// pruning this database.
+    pub async fn pass(&self) -> anyhow::Result<Pass> {
+        let (client, connection) = self
+            .database
+            .connect(NoTls)
+            .await
+            .context("cannot connect")?;
+        tokio::spawn(connection);
+        self.pass_on(&client).await
+        // The session ends with `client`, and the lock with it.
+    }
+
+    async fn pass_on(&self, client: &Client) -> anyhow::Result<Pass> {
+        let acquired: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&PRUNER_LOCK])
+            .await?
+            .get(0);
+        if !acquired {
+            return Ok(Pass {
+                skipped: true,
+                ..Pass::default()
+            });
+        }
+        let mut pass = Pass::default();
+        for target in &self.targets {
+            let delete = client.prepare(target.delete).await?;
+            let window = target.window.as_secs_f64();
+            loop {
+                // Autocommitted: each batch is a transaction of its own.
+                let deleted = client.execute(&delete, &[&window, &self.batch]).await?;
+                pass.batches.push((target.table, deleted));
+                if deleted < self.batch as u64 {
+                    break;
+                }
+            }
+        }
+        client
+            .execute("SELECT pg_advisory_unlock($1)", &[&PRUNER_LOCK])
+            .await?;
+        Ok(pass)
+    }
+}
+
+/// Why the topics' retention could not be checked against the inbox's window.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The broker did not answer: worth waiting for.
+    #[error("cannot ask the broker for the topics' retention: {0}")]
+    Unreachable(#[from] KafkaError),
+    /// The window is too short, or a topic is missing: a setting to change.
+    #[error(transparent)]
+    Refused(anyhow::Error),
+}
+
+/// The longest time a record stays on any of `topics`, as the broker reports their
+/// `retention.ms`; `None` if any keeps its records for ever (`-1`).
+pub async fn longest_topic_retention(
+    brokers: &str,
+    topics: &[String],
+) -> Result<Option<Duration>, CheckError> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let resources: Vec<ResourceSpecifier<'_>> = topics
+        .iter()
+        .map(|t| ResourceSpecifier::Topic(t.as_str()))
+        .collect();
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let mut longest = Duration::ZERO;
+    for (topic, result) in topics
+        .iter()
+        .zip(admin.describe_configs(&resources, &options).await?)
+    {
+        let ms = result
+            .map_err(|code| {
+                anyhow::anyhow!("cannot read the configuration of topic {topic}: {code}")
+            })
+            .and_then(|resource| {
+                resource
+                    .get("retention.ms")
+                    .and_then(|entry| entry.value.as_deref())
+                    .with_context(|| format!("topic {topic} reports no retention.ms"))?
+                    .parse::<i64>()
+                    .with_context(|| format!("topic {topic}: retention.ms is not a number"))
+            })
+            .map_err(CheckError::Refused)?;
+        if ms < 0 {
+            return Ok(None);
+        }
+        longest = longest.max(Duration::from_millis(ms as u64));
+    }
+    Ok(Some(longest))
+}
+
+/// What the inbox may forget, given the topics a service reads: `inbox` unchanged when it
+/// covers their longest retention; [`Window::Off`], with a warning, when a topic keeps
+/// its records for ever (no window is long enough); refused, naming both figures and the
+/// setting, when it is shorter.
+pub async fn check_inbox_window(
+    brokers: &str,
+    topics: &[String],
+    inbox: Window,
+) -> Result<Window, CheckError> {
+    let Window::Of(window) = inbox else {
+        return Ok(Window::Off);
+    };
+    match longest_topic_retention(brokers, topics).await? {
+        None => {
+            tracing::warn!(
+                ?topics,
+                "a topic keeps its records for ever (retention.ms -1), so any of them may be \
+                 delivered again at any time: the inbox keeps every id (set a finite \
+                 retention.ms to prune it)"
+            );
+            Ok(Window::Off)
+        }
+        Some(longest) if window < longest => Err(CheckError::Refused(anyhow::anyhow!(
+            "INBOX_RETENTION is {} but {} keep records for up to {} (retention.ms {}): a copy \
+             of an event could arrive after its id was pruned. Set INBOX_RETENTION to at \
+             least {}, or lower the topics' retention.ms",
+            Window::Of(window),
+            topics.join(" and "),
+            Window::Of(longest),
+            longest.as_millis(),
+            Window::Of(longest),
+        ))),
+        Some(_) => Ok(inbox),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_is_a_duration_or_off() {
+        assert_eq!(
+            "14days".parse::<Window>(),
+            Ok(Window::Of(Duration::from_secs(14 * 86_400)))
+        );
+        assert_eq!(
+            "36h".parse::<Window>(),
+            Ok(Window::Of(Duration::from_secs(36 * 3600)))
+        );
+        assert_eq!("off".parse::<Window>(), Ok(Window::Off));
+        assert_eq!("0".parse::<Window>(), Ok(Window::Off));
+        assert_eq!("0s".parse::<Window>(), Ok(Window::Off));
+        assert!("a fortnight".parse::<Window>().is_err());
+    }
+}
