@@ -130,6 +130,24 @@ async fn the_same_event_twice_notifies_once() {
     );
 }
 
+/// The pruner forgot the event's id: guard 1 lets the copy through, guard 2 (one
+/// notification per order) stops it.
+#[tokio::test]
+async fn a_redelivery_after_its_id_was_pruned_notifies_nothing() {
+    let db = database().await;
+    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
+    let order_id = Uuid::new_v4();
+    let event = outcome_event("outcome-pruned", "order.confirmed", order_id);
+    assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
+
+    assert_eq!(db.prune_inbox().await, 1);
+    let outcome = handler.apply(&event).await.unwrap();
+
+    assert_eq!(outcome, Outcome::Guarded);
+    assert_eq!(notifications(&db, order_id).await, 1);
+    assert_eq!(sent_events(&db, order_id).await, 1);
+}
+
 #[tokio::test]
 async fn a_second_outcome_with_a_new_id_does_not_notify_again() {
     let db = database().await;

@@ -2,8 +2,15 @@
 
 mod app;
 
-use app::{KEYBOARD, order, spawn_app};
+use std::time::Duration;
+
+use app::{KEYBOARD, config, defaults, order, spawn_app};
+use order_service::Application;
+use saga::config::RetentionConfig;
+use saga::retention::Window;
+use saga_testkit::{TestDatabase, TestKafka};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 #[tokio::test]
 async fn placing_an_order_prices_it_from_the_catalog_and_records_order_created() {
@@ -106,4 +113,31 @@ async fn an_unknown_order_is_404_and_a_malformed_id_names_the_id() {
     let (status, error) = app.get("/v1/orders/not-a-uuid").await;
     assert_eq!(status, 422);
     assert_eq!(error["error"]["field"], "id");
+}
+
+/// The test topics keep records for the broker's default 7 days; an inbox that forgets
+/// ids after an hour could meet a copy of an event it no longer knows.
+#[tokio::test]
+async fn a_service_whose_inbox_forgets_sooner_than_its_topics_refuses_to_start() {
+    let (db, kafka) = tokio::join!(TestDatabase::empty(), TestKafka::new());
+    let mut config = config(&db, &kafka, defaults());
+    config.retention = RetentionConfig {
+        inbox_retention: Window::Of(Duration::from_secs(3600)),
+        prune_interval: Window::Of(Duration::from_secs(60)),
+        ..RetentionConfig::off()
+    };
+    let app = Application::build(config).await.unwrap();
+
+    let error = app
+        .run_until_stopped(CancellationToken::new())
+        .await
+        .unwrap_err();
+
+    let message = format!("{error:#}");
+    assert!(message.contains("INBOX_RETENTION is 1h"), "{message}");
+    assert!(message.contains("retention.ms 604800000"), "{message}");
+    assert!(
+        message.contains(&format!("{}payments", kafka.namespace)),
+        "{message}"
+    );
 }

@@ -155,6 +155,23 @@ async fn the_same_event_twice_changes_state_once() {
     );
 }
 
+/// The pruner forgot the event's id: guard 1 lets the copy through, guard 2 (the order is
+/// no longer pending) stops it.
+#[tokio::test]
+async fn a_redelivery_after_its_id_was_pruned_changes_nothing() {
+    let f = fixture().await;
+    let order_id = f.pending_order().await;
+    let event = payment_result("pruned-1", PAYMENT_SUCCEEDED, order_id);
+    assert_eq!(f.handler.apply(&event).await.unwrap(), Outcome::Applied);
+
+    assert_eq!(f.db.prune_inbox().await, 1);
+    let outcome = f.handler.apply(&event).await.unwrap();
+
+    assert_eq!(outcome, Outcome::Guarded);
+    assert_eq!(f.status(order_id).await, "confirmed");
+    assert_eq!(f.outcome_events(order_id).await, 1);
+}
+
 #[tokio::test]
 async fn a_late_failure_with_a_new_id_leaves_a_confirmed_order_confirmed() {
     let f = fixture().await;

@@ -125,6 +125,24 @@ async fn the_same_event_twice_charges_once() {
     );
 }
 
+/// The pruner forgot the event's id: guard 1 lets the copy through, guard 2 (one payment
+/// row per order) stops it.
+#[tokio::test]
+async fn a_redelivery_after_its_id_was_pruned_charges_nothing() {
+    let db = database().await;
+    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let order_id = Uuid::new_v4();
+    let event = order_created("created-pruned", order_id, 2598);
+    assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
+
+    assert_eq!(db.prune_inbox().await, 1);
+    let outcome = handler.apply(&event).await.unwrap();
+
+    assert_eq!(outcome, Outcome::Guarded);
+    assert_eq!(payments(&db, order_id).await, 1);
+    assert_eq!(results(&db, order_id).await.len(), 1);
+}
+
 #[tokio::test]
 async fn a_second_order_created_with_a_new_id_does_not_charge_again() {
     let db = database().await;

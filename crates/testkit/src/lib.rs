@@ -114,6 +114,19 @@ impl TestDatabase {
             .unwrap();
     }
 
+    /// Runs the real pruner over the inbox with a window every applied id is past, as if
+    /// `INBOX_RETENTION` had gone by; returns how many ids it deleted.
+    pub async fn prune_inbox(&self) -> u64 {
+        let pruner = saga::retention::Pruner::new(
+            &self.url,
+            vec![saga::retention::Target::inbox(std::time::Duration::ZERO)],
+            std::time::Duration::from_secs(60),
+            1000,
+        )
+        .unwrap();
+        pruner.pass().await.unwrap().deleted("processed_events")
+    }
+
     /// The single `i64` (a count, usually) that `sql` returns.
     pub async fn count(
         &self,
