@@ -115,6 +115,19 @@ impl Capacity {
     }
 }
 
+/// Phase 4: payment-service's consumer with its pruner deleting a backlog of old ids, and
+/// without.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pruning {
+    pub old_ids: u32,
+    /// From the service's start until no id past the window was left.
+    pub prune_seconds: f64,
+    pub pruned_per_second: f64,
+    /// The same backlog's drain with the pruner off, then on.
+    pub without: Drain,
+    pub with: Drain,
+}
+
 /// A measured rate against its ceiling, and the target if the issue sets one.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
@@ -163,6 +176,7 @@ pub struct Report {
     pub max_sustained_per_second: f64,
     pub half_load_step: Option<String>,
     pub capacity: Capacity,
+    pub pruning: Pruning,
     pub ceilings: Vec<Ceiling>,
     /// Orders per second pgbench's rates allow, all transactions of an order sharing one
     /// server: 1 / Σ (transactions of that kind per order / its tps).
@@ -338,6 +352,17 @@ impl Report {
                 loads(&c.load_average)
             );
         }
+        let p = &self.pruning;
+        let _ = writeln!(
+            md,
+            "\nPruning: payment-service's pruner deleted {} ids past their window in {} s ({} rows/s), while its consumer charged {} orders at {}/s (with the pruner off: {}/s).",
+            p.old_ids,
+            fmt(p.prune_seconds),
+            fmt(p.pruned_per_second),
+            p.with.rows,
+            fmt(p.with.per_second),
+            fmt(p.without.per_second)
+        );
         let _ = writeln!(
             md,
             "\nCeiling: {} orders/s. Max sustained end to end: {} orders/s.",

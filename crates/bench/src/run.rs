@@ -34,7 +34,7 @@ use crate::load::{Keys, LoadGenerator, LoadResult, Shape};
 use crate::measure::{self, Work};
 use crate::pgbench;
 use crate::procs::{self, Running, ServiceSpec, StackEnv, Usage};
-use crate::report::{Capacity, Machine, Ratio, Report, ServiceSummary, Step};
+use crate::report::{Capacity, Machine, Pruning, Ratio, Report, ServiceSummary, Step};
 use crate::sql::{self, Database, Transaction};
 
 /// How long and how hard a run goes.
@@ -59,6 +59,8 @@ pub struct Plan {
     pub pgbench: Duration,
     /// Outbox rows made for pgbench's relay script.
     pub relay_rows: u32,
+    /// Old ids in payment-service's inbox for its pruner to delete in phase 4.
+    pub old_ids: u32,
 }
 
 impl Plan {
@@ -74,6 +76,7 @@ impl Plan {
             backlog: 1_500,
             pgbench: Duration::from_secs(5),
             relay_rows: 60_000,
+            old_ids: 200_000,
         }
     }
 
@@ -89,6 +92,7 @@ impl Plan {
             backlog: 6_000,
             pgbench: Duration::from_secs(15),
             relay_rows: 200_000,
+            old_ids: 1_000_000,
         }
     }
 }
@@ -132,7 +136,22 @@ struct Stack {
 
 impl Stack {
     async fn start(&mut self, name: &'static str) -> anyhow::Result<()> {
-        let running = Running::start(&self.specs[name], &self.env).await?;
+        self.start_with(name, &[]).await
+    }
+
+    /// Starts `name` with `extra` variables beside the run's own.
+    async fn start_with(
+        &mut self,
+        name: &'static str,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
+        let mut env = self.env.clone();
+        env.extra.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        let running = Running::start(&self.specs[name], &env).await?;
         self.running.insert(name, running);
         Ok(())
     }
@@ -542,6 +561,108 @@ impl Placing {
     }
 }
 
+/// Phase 4: payment-service draining a backlog while its pruner deletes `plan.old_ids`
+/// ids past their window, against the same drain with the pruner off, in the same run.
+/// The other services keep running, so these orders go through the whole saga too.
+async fn pruning(
+    stack: &mut Stack,
+    generator: &Arc<LoadGenerator>,
+    databases: &Databases,
+    plan: &Plan,
+    pool_size: u32,
+    run_id: u64,
+) -> anyhow::Result<Pruning> {
+    let n = plan.backlog;
+    let timeout = Duration::from_secs(300);
+    let payments = databases.connect(Database::Payments).await?;
+    let orders = databases.connect(Database::Orders).await?;
+    let mut without = None;
+    for prune in [false, true] {
+        stack.stop("payment-service").await?;
+        if prune {
+            log(format!(
+                "pruning: {} ids applied 20 days ago into payment-service's inbox",
+                plan.old_ids
+            ));
+            payments
+                .execute(
+                    "INSERT INTO processed_events (event_id, processed_at)
+                     SELECT 'old-' || i, now() - interval '20 days' + make_interval(secs => i / 1000.0)
+                       FROM generate_series(1, $1::int) i",
+                    &[&(plan.old_ids as i32)],
+                )
+                .await?;
+            payments
+                .batch_execute("VACUUM ANALYZE processed_events")
+                .await?;
+        }
+        let tag = format!("bench{run_id}-prune{}", u8::from(prune));
+        generator
+            .run_count(
+                Shape::Closed {
+                    concurrency: pool_size,
+                },
+                u64::from(n),
+                &tag,
+                Keys::None,
+            )
+            .await;
+        // Every order.created of this backlog on the topic before payment-service starts.
+        let published = "SELECT count(*) FROM outbox o JOIN orders r ON o.key = r.id::text
+                          WHERE r.customer_id = $1 AND o.type = 'order.created'
+                            AND o.published_at IS NOT NULL";
+        while orders.query_one(published, &[&tag]).await?.get::<_, i64>(0) < i64::from(n) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let since = measure::server_now(databases).await?;
+        let started = std::time::Instant::now();
+        let interval = if prune { "1s" } else { "off" };
+        stack
+            .start_with("payment-service", &[("PRUNE_INTERVAL", interval)])
+            .await?;
+        let drained = measure::drain(
+            databases,
+            Database::Payments,
+            Work::Applied,
+            since,
+            i64::from(n),
+            timeout,
+        )
+        .await?;
+        if !prune {
+            log(format!(
+                "pruning: charge {:.0}/s with the pruner off",
+                drained.per_second
+            ));
+            without = Some(drained);
+            continue;
+        }
+        let old_left = "SELECT EXISTS (SELECT 1 FROM processed_events
+                          WHERE processed_at < now() - interval '14 days')";
+        while payments.query_one(old_left, &[]).await?.get::<_, bool>(0) {
+            anyhow::ensure!(
+                started.elapsed() < timeout,
+                "the pruner did not finish in {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let prune_seconds = started.elapsed().as_secs_f64();
+        let result = Pruning {
+            old_ids: plan.old_ids,
+            prune_seconds,
+            pruned_per_second: f64::from(plan.old_ids) / prune_seconds,
+            without: without.take().expect("the first round ran"),
+            with: drained,
+        };
+        log(format!(
+            "pruning: charge {:.0}/s while the pruner deleted {} ids in {:.1} s ({:.0} rows/s)",
+            result.with.per_second, result.old_ids, prune_seconds, result.pruned_per_second
+        ));
+        return Ok(result);
+    }
+    unreachable!("the second round returns")
+}
+
 /// What lets a held-back backlog go: a consumer's service started, or a relay's lock
 /// released.
 enum Go {
@@ -806,7 +927,7 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
     .await;
     // Whatever happened, leave no service of ours running.
     let stopped = stack.stop_all().await;
-    let (steps, capacity) = result?;
+    let (steps, capacity, pruning) = result?;
     stopped?;
 
     let effects = measure::effects(&databases).await?;
@@ -823,6 +944,7 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
         machine,
         steps,
         capacity,
+        pruning,
         ceilings.measured,
         &stack,
         effects,
@@ -841,7 +963,7 @@ async fn run_phases(
     databases: &Databases,
     ceilings: &mut Ceilings,
     run_id: u64,
-) -> anyhow::Result<(Vec<Step>, Capacity)> {
+) -> anyhow::Result<(Vec<Step>, Capacity, Pruning)> {
     log("starting the services (release builds)");
     stack.start_all().await?;
     let generator = Arc::new(LoadGenerator::new(&format!(
@@ -914,7 +1036,16 @@ async fn run_phases(
         run_id,
     )
     .await?;
-    Ok((steps, capacity))
+    let pruning = pruning(
+        stack,
+        &generator,
+        databases,
+        plan,
+        settings.pool_size,
+        run_id,
+    )
+    .await?;
+    Ok((steps, capacity, pruning))
 }
 
 /// The highest rate orders were both confirmed and notified at, over `steps` that pass
@@ -951,6 +1082,7 @@ fn assemble(
     machine: Machine,
     steps: Vec<Step>,
     capacity: Capacity,
+    pruning: Pruning,
     ceilings: Vec<pgbench::Ceiling>,
     stack: &Stack,
     effects: measure::Effects,
@@ -1037,6 +1169,15 @@ fn assemble(
             Some(0.90),
         ),
         Ratio::new(
+            format!(
+                "payment-service consumer while its pruner deletes {} old ids vs without",
+                pruning.old_ids
+            ),
+            pruning.with.per_second,
+            pruning.without.per_second,
+            Some(0.90),
+        ),
+        Ratio::new(
             "outbox relay, rows published (best of four, 1 conn)",
             relay_best,
             rate("relay"),
@@ -1081,6 +1222,7 @@ fn assemble(
     settings_map.insert("step_seconds".into(), plan.step.as_secs().to_string());
     settings_map.insert("backlog_orders".into(), plan.backlog.to_string());
     settings_map.insert("pgbench_seconds".into(), plan.pgbench.as_secs().to_string());
+    settings_map.insert("old_ids".into(), plan.old_ids.to_string());
     Report {
         mode: plan.mode.to_owned(),
         command: settings.command.clone(),
@@ -1091,6 +1233,7 @@ fn assemble(
         max_sustained_per_second,
         half_load_step,
         capacity,
+        pruning,
         ceilings,
         ceiling_orders_per_second,
         ratios,
