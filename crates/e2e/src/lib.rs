@@ -53,8 +53,15 @@ pub struct Stack {
     /// Every instance ever started, and its service: whose logs tell what a consumer
     /// group handled.
     instances: BTreeMap<String, &'static str>,
+    /// Variables every instance is started with, restarts included.
+    env: Vec<(String, String)>,
     http: reqwest::Client,
 }
+
+/// A window of seconds for the inbox, and the topics' `retention.ms` to match (so the
+/// services' start-up check passes): the pruner empties the inboxes as the saga runs.
+pub const PRUNING_INBOX: [(&str, &str); 2] = [("INBOX_RETENTION", "3s"), ("PRUNE_INTERVAL", "1s")];
+const PRUNING_TOPIC_RETENTION_MS: &str = "3000";
 
 impl Stack {
     /// Starts all three services and waits until each reports healthy.
@@ -65,6 +72,21 @@ impl Stack {
     /// Starts all three services, with `failpoints` (service, `FAILPOINTS` value) armed
     /// in some, and waits until each reports healthy.
     pub async fn start_with(failpoints: &[(&'static str, String)]) -> Self {
+        Self::start_configured(failpoints, &[]).await
+    }
+
+    /// Starts all three services with their inboxes pruned to a window of seconds
+    /// ([`PRUNING_INBOX`]), on topics whose retention matches it.
+    pub async fn start_pruning() -> Self {
+        Self::start_configured(&[], &PRUNING_INBOX).await
+    }
+
+    /// Whether the services prune their inboxes as they go ([`Stack::start_pruning`]).
+    pub fn prunes_inboxes(&self) -> bool {
+        self.env.iter().any(|(k, _)| k == "INBOX_RETENTION")
+    }
+
+    async fn start_configured(failpoints: &[(&'static str, String)], env: &[(&str, &str)]) -> Self {
         let (kafka, orders_db, payments_db, notifications_db) = tokio::join!(
             TestKafka::new(),
             TestDatabase::empty(),
@@ -79,8 +101,18 @@ impl Stack {
             processes: HashMap::new(),
             ports: HashMap::new(),
             instances: BTreeMap::new(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             http: reqwest::Client::new(),
         };
+        if stack.prunes_inboxes() {
+            stack
+                .kafka
+                .set_topic_config("retention.ms", PRUNING_TOPIC_RETENTION_MS)
+                .await;
+        }
         for service in SERVICES {
             let armed = failpoints
                 .iter()
@@ -128,6 +160,7 @@ impl Stack {
             // Tests should not wait out the relay's idle poll when a NOTIFY is missed.
             .env("OUTBOX_POLL_INTERVAL_MS", "200")
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -174,6 +176,27 @@ impl TestKafka {
             namespace,
             topics,
             producer,
+        }
+    }
+
+    /// Sets `key` to `value` on every topic of the namespace, as `kafka-configs --alter`
+    /// would.
+    pub async fn set_topic_config(&self, key: &str, value: &str) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()
+            .unwrap();
+        let topics = self.topics.all();
+        let changes: Vec<AlterConfig<'_>> = topics
+            .iter()
+            .map(|t| AlterConfig::new(ResourceSpecifier::Topic(t)).set(key, value))
+            .collect();
+        for result in admin
+            .alter_configs(&changes, &AdminOptions::new())
+            .await
+            .expect("Kafka is reachable")
+        {
+            result.unwrap_or_else(|(resource, code)| panic!("{resource:?}: {key}={value}: {code}"));
         }
     }
 
