@@ -106,6 +106,29 @@ async fn drain_and_check(
     (findings, expected)
 }
 
+/// What an operator would do to replay a topic: stop the consumers, rewind their groups
+/// with the stock tool, start them again; then waits for the saga to go quiet. Returns how
+/// many records were delivered again.
+async fn replay_every_record(stack: &mut Stack) -> i64 {
+    for service in SERVICES {
+        assert!(stack.terminate_service(service).await, "{service} stops");
+    }
+    let mut replayed = 0;
+    for service in SERVICES {
+        let (group, topic, _) = stack.subscription(service);
+        infra::reset_offsets_to_earliest(&stack.kafka.brokers, &group, &topic).await;
+        replayed += invariants::end_offsets(&stack.kafka.brokers, &topic)
+            .await
+            .iter()
+            .sum::<i64>();
+    }
+    for service in SERVICES {
+        stack.start_service(service).await;
+    }
+    chaos::settle(stack, None, None, drain_timeout()).await;
+    replayed
+}
+
 /// Prints the scenario's report, then fails on any violation.
 fn conclude(scenario: &str, injected: &str, findings: &Findings) {
     findings.report(scenario, injected);
@@ -333,24 +356,7 @@ async fn a_duplicate_storm_of_every_record_replayed_from_the_earliest_offset_has
     before.assert_holds();
     let effects = invariants::effects(&stack).await;
 
-    // What an operator would do to replay a topic: stop the consumers, rewind their
-    // groups with the stock tool, start them again.
-    for service in SERVICES {
-        assert!(stack.terminate_service(service).await, "{service} stops");
-    }
-    let mut replayed = 0;
-    for service in SERVICES {
-        let (group, topic, _) = stack.subscription(service);
-        infra::reset_offsets_to_earliest(&stack.kafka.brokers, &group, &topic).await;
-        replayed += invariants::end_offsets(&stack.kafka.brokers, &topic)
-            .await
-            .iter()
-            .sum::<i64>();
-    }
-    for service in SERVICES {
-        stack.start_service(service).await;
-    }
-    chaos::settle(&mut stack, None, None, drain_timeout()).await;
+    let replayed = replay_every_record(&mut stack).await;
 
     let after = invariants::check(&stack, &expected, drain_timeout()).await;
     let absorbed = after.duplicates() - before.duplicates();
@@ -415,22 +421,7 @@ async fn every_record_replayed_after_the_inboxes_were_pruned_has_no_new_effect()
         .await;
     }
 
-    for service in SERVICES {
-        assert!(stack.terminate_service(service).await, "{service} stops");
-    }
-    let mut replayed = 0;
-    for service in SERVICES {
-        let (group, topic, _) = stack.subscription(service);
-        infra::reset_offsets_to_earliest(&stack.kafka.brokers, &group, &topic).await;
-        replayed += invariants::end_offsets(&stack.kafka.brokers, &topic)
-            .await
-            .iter()
-            .sum::<i64>();
-    }
-    for service in SERVICES {
-        stack.start_service(service).await;
-    }
-    chaos::settle(&mut stack, None, None, drain_timeout()).await;
+    let replayed = replay_every_record(&mut stack).await;
 
     let after = invariants::check(&stack, &expected, drain_timeout()).await;
     let guarded = after.guarded() - before.guarded();

@@ -5,10 +5,9 @@ mod app;
 
 use std::time::Duration;
 
-use app::{Answer, KEYBOARD, TestApp, defaults, order, spawn_app, spawn_app_with};
+use app::{Answer, KEYBOARD, defaults, order, spawn_app, spawn_app_with};
 use saga::config::IdempotencyConfig;
 use saga::idempotency::Fingerprint;
-use saga_testkit::eventually;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -16,26 +15,6 @@ fn assert_placed(answer: &Answer) -> String {
     assert_eq!(answer.status, 201, "{}", answer.text);
     assert!(!answer.replayed(), "a first answer is no replay");
     answer.json()["id"].as_str().unwrap().to_owned()
-}
-
-/// Waits until a request of `app` is blocked on a lock (the key's row, held by a test).
-async fn a_request_waits_on_a_lock(app: &TestApp) {
-    eventually(
-        Duration::from_secs(10),
-        "a request to wait on the key",
-        || async {
-            let waiting = app
-                .db
-                .count(
-                    "SELECT count(*) FROM pg_stat_activity
-                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                    &[],
-                )
-                .await;
-            (waiting > 0).then_some(())
-        },
-    )
-    .await;
 }
 
 #[tokio::test]
@@ -243,7 +222,7 @@ async fn a_request_waits_for_the_first_with_its_key_and_replays_its_answer() {
                 .unwrap()
         }
     });
-    a_request_waits_on_a_lock(&app).await;
+    app.db.a_session_waits_on_a_lock().await;
     first.commit().await.unwrap();
     let retry = retry.await.unwrap();
 

@@ -6,7 +6,7 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use saga::retention::{CheckError, PRUNER_LOCK, Pruner, Target, Window, check_inbox_window};
-use saga_testkit::{TestDatabase, TestKafka, eventually};
+use saga_testkit::{TestDatabase, TestKafka};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -110,20 +110,7 @@ async fn a_prune_goes_in_batches_each_committed_before_the_next_begins() {
     let pruner = pruner(&db, vec![Target::inbox(14 * DAY)], 500);
 
     let pass = tokio::spawn(async move { pruner.pass().await.unwrap() });
-    eventually(
-        Duration::from_secs(30),
-        "the third batch to wait on the held row",
-        || async {
-            let waiting = count(
-                &db,
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .await;
-            (waiting == 1).then_some(())
-        },
-    )
-    .await;
+    db.a_session_waits_on_a_lock().await;
 
     assert_eq!(
         count(&db, "SELECT count(*) FROM processed_events").await,
@@ -191,20 +178,7 @@ async fn a_row_that_is_young_again_by_the_time_its_batch_reaches_it_is_kept() {
     let pruner = pruner(&db, vec![Target::idempotency_keys(DAY)], 1000);
 
     let pass = tokio::spawn(async move { pruner.pass().await.unwrap() });
-    eventually(
-        Duration::from_secs(30),
-        "the batch to wait on k5",
-        || async {
-            let waiting = count(
-                &db,
-                "SELECT count(*) FROM pg_stat_activity
-              WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .await;
-            (waiting == 1).then_some(())
-        },
-    )
-    .await;
+    db.a_session_waits_on_a_lock().await;
     request.commit().await.unwrap();
     let pass = pass.await.unwrap();
 

@@ -129,6 +129,26 @@ impl TestDatabase {
         pruner.pass().await.unwrap().deleted("processed_events")
     }
 
+    /// Waits until a session of this database is blocked on a lock: the statement a test
+    /// holds up with a row of its own locked has got as far as that row.
+    pub async fn a_session_waits_on_a_lock(&self) {
+        eventually(
+            Duration::from_secs(30),
+            "a session to wait on a lock",
+            || async {
+                let waiting = self
+                    .count(
+                        "SELECT count(*) FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                        &[],
+                    )
+                    .await;
+                (waiting > 0).then_some(())
+            },
+        )
+        .await;
+    }
+
     /// The single `i64` (a count, usually) that `sql` returns.
     pub async fn count(
         &self,
