@@ -573,7 +573,8 @@ async fn pruning(
     run_id: u64,
 ) -> anyhow::Result<Pruning> {
     let n = plan.backlog;
-    let timeout = Duration::from_secs(300);
+    // A million ids at the default duty cycle take minutes by design.
+    let timeout = Duration::from_secs(900);
     let payments = databases.connect(Database::Payments).await?;
     let orders = databases.connect(Database::Orders).await?;
     let mut without = None;

@@ -107,6 +107,12 @@ pub struct RetentionConfig {
     #[arg(long, env = "PRUNE_BATCH", default_value_t = 5000,
           value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub prune_batch: i64,
+
+    /// The most of its time the pruner spends deleting, in percent; it rests between
+    /// batches for the rest, leaving the database to the consumers.
+    #[arg(long, env = "PRUNE_DUTY_CYCLE", default_value_t = 20,
+          value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub prune_duty_cycle: u8,
 }
 
 impl RetentionConfig {
@@ -117,6 +123,7 @@ impl RetentionConfig {
             outbox_retention: Window::Off,
             prune_interval: Window::Off,
             prune_batch: 5000,
+            prune_duty_cycle: 20,
         }
     }
 }

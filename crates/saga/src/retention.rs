@@ -6,7 +6,9 @@
 //!   its own transaction, oldest first, until none is left, then the pruner sleeps
 //!   `PRUNE_INTERVAL`. A batch's row locks last as long as that batch: a consumer whose
 //!   dedupe insert meets a row being deleted waits for one batch, never for the whole
-//!   prune, and a large backlog never becomes one long `DELETE`.
+//!   prune, and a large backlog never becomes one long `DELETE`. Between batches the
+//!   pruner rests, so that it works at most `PRUNE_DUTY_CYCLE` of the time: a backlog of
+//!   a million rows is worked off over minutes, not at the consumers' expense in seconds.
 //! - **One pruner per database at a time.** A pass runs only while its session holds an
 //!   advisory lock; an instance that finds it taken skips its turn, so scaled-out
 //!   instances do not all prune at once.
@@ -142,6 +144,8 @@ pub const PRUNER_LOCK: i64 = 0x7072_756e_6572; // "pruner"
 pub struct Pass {
     /// Another instance held the lock: this one deleted nothing.
     pub skipped: bool,
+    /// The service is stopping: the pass ended after a batch, with rows left.
+    pub interrupted: bool,
     /// Rows deleted per batch, per table, in the order the batches ran.
     pub batches: Vec<(&'static str, u64)>,
 }
@@ -156,26 +160,35 @@ impl Pass {
     }
 }
 
-/// Deletes what [`Target`]s no longer keep, every `interval`.
+/// How hard a pruner works.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// From the end of one pass to the start of the next.
+    pub interval: Duration,
+    /// Rows per batch, and so per transaction.
+    pub batch: i64,
+    /// The most of its time a pass spends deleting, in percent: after a batch that took
+    /// `t` it rests `t × (100 / duty_cycle − 1)`.
+    pub duty_cycle: u8,
+}
+
+/// Deletes what [`Target`]s no longer keep, every [`Pace::interval`].
 pub struct Pruner {
     database: tokio_postgres::Config,
     targets: Vec<Target>,
-    interval: Duration,
-    batch: i64,
+    pace: Pace,
 }
 
 impl Pruner {
-    pub fn new(
-        database_url: &str,
-        targets: Vec<Target>,
-        interval: Duration,
-        batch: i64,
-    ) -> anyhow::Result<Self> {
+    pub fn new(database_url: &str, targets: Vec<Target>, pace: Pace) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            (1..=100).contains(&pace.duty_cycle),
+            "a duty cycle is 1 to 100 percent"
+        );
         Ok(Self {
             database: crate::db::parse_url(database_url)?,
             targets,
-            interval,
-            batch,
+            pace,
         })
     }
 
@@ -186,7 +199,7 @@ impl Pruner {
             return;
         }
         loop {
-            match self.pass().await {
+            match self.pass(&shutdown).await {
                 Ok(pass) if pass.batches.iter().any(|(_, n)| *n > 0) => {
                     for target in &self.targets {
                         tracing::info!(
@@ -201,25 +214,25 @@ impl Pruner {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.interval) => {}
+                _ = tokio::time::sleep(self.pace.interval) => {}
             }
         }
     }
 
     /// One pass over every target on a session of its own, if no other instance is
-    /// pruning this database.
-    pub async fn pass(&self) -> anyhow::Result<Pass> {
+    /// pruning this database; cut short, between two batches, by `shutdown`.
+    pub async fn pass(&self, shutdown: &CancellationToken) -> anyhow::Result<Pass> {
         let (client, connection) = self
             .database
             .connect(NoTls)
             .await
             .context("cannot connect")?;
         tokio::spawn(connection);
-        self.pass_on(&client).await
+        self.pass_on(&client, shutdown).await
         // The session ends with `client`, and the lock with it.
     }
 
-    async fn pass_on(&self, client: &Client) -> anyhow::Result<Pass> {
+    async fn pass_on(&self, client: &Client, shutdown: &CancellationToken) -> anyhow::Result<Pass> {
         let acquired: bool = client
             .query_one("SELECT pg_try_advisory_lock($1)", &[&PRUNER_LOCK])
             .await?
@@ -235,11 +248,24 @@ impl Pruner {
             let delete = client.prepare(target.delete).await?;
             let window = target.window.as_secs_f64();
             loop {
+                let started = std::time::Instant::now();
                 // Autocommitted: each batch is a transaction of its own.
-                let deleted = client.execute(&delete, &[&window, &self.batch]).await?;
+                let deleted = client
+                    .execute(&delete, &[&window, &self.pace.batch])
+                    .await?;
                 pass.batches.push((target.table, deleted));
-                if deleted < self.batch as u64 {
+                if deleted < self.pace.batch as u64 {
                     break;
+                }
+                let rest = started
+                    .elapsed()
+                    .mul_f64(100.0 / f64::from(self.pace.duty_cycle) - 1.0);
+                tokio::select! {
+                    _ = shutdown.cancelled() => {
+                        pass.interrupted = true;
+                        return Ok(pass);
+                    }
+                    _ = tokio::time::sleep(rest) => {}
                 }
             }
         }

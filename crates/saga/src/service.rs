@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{DatabaseConfig, KafkaConfig, RetentionConfig};
 use crate::consumer::{self, ConsumerSettings};
 use crate::db::{self, DbError};
-use crate::retention::{self, Pruner, Target, Window};
+use crate::retention::{self, Pace, Pruner, Target, Window};
 use crate::{Applier, Handler, OutboxRelay, Topics, backoff};
 
 /// A service between start-up and shutdown.
@@ -130,8 +130,11 @@ impl Service {
             Window::Of(interval) => Some(Pruner::new(
                 &self.database_url,
                 pruned,
-                interval,
-                self.retention.prune_batch,
+                Pace {
+                    interval,
+                    batch: self.retention.prune_batch,
+                    duty_cycle: self.retention.prune_duty_cycle,
+                },
             )?),
             Window::Off => None,
         };

@@ -5,8 +5,9 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use saga::retention::{CheckError, PRUNER_LOCK, Pruner, Target, Window, check_inbox_window};
+use saga::retention::{CheckError, PRUNER_LOCK, Pace, Pruner, Target, Window, check_inbox_window};
 use saga_testkit::{TestDatabase, TestKafka};
+use tokio_util::sync::CancellationToken;
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -15,7 +16,17 @@ async fn database() -> TestDatabase {
 }
 
 fn pruner(db: &TestDatabase, targets: Vec<Target>, batch: i64) -> Pruner {
-    Pruner::new(&db.url, targets, Duration::from_secs(60), batch).unwrap()
+    let pace = Pace {
+        interval: Duration::from_secs(60),
+        batch,
+        duty_cycle: 100,
+    };
+    Pruner::new(&db.url, targets, pace).unwrap()
+}
+
+/// A pass that no shutdown interrupts.
+fn running() -> CancellationToken {
+    CancellationToken::new()
 }
 
 /// `n` event ids `<prefix><i>` applied `days_ago` days ago, the lower `i` the older.
@@ -66,7 +77,7 @@ async fn rows_past_their_window_go_newer_ones_and_unpublished_ones_stay() {
         vec![Target::inbox(14 * DAY), Target::outbox(DAY)],
         1000,
     )
-    .pass()
+    .pass(&running())
     .await
     .unwrap();
 
@@ -109,7 +120,7 @@ async fn a_prune_goes_in_batches_each_committed_before_the_next_begins() {
         .unwrap();
     let pruner = pruner(&db, vec![Target::inbox(14 * DAY)], 500);
 
-    let pass = tokio::spawn(async move { pruner.pass().await.unwrap() });
+    let pass = tokio::spawn(async move { pruner.pass(&running()).await.unwrap() });
     db.a_session_waits_on_a_lock().await;
 
     assert_eq!(
@@ -125,6 +136,28 @@ async fn a_prune_goes_in_batches_each_committed_before_the_next_begins() {
     assert_eq!(count(&db, "SELECT count(*) FROM processed_events").await, 0);
 }
 
+/// A service stopping does not wait out a long prune: the pass ends after the batch in
+/// hand, and the next pass picks up where it stopped.
+#[tokio::test]
+async fn a_pass_stops_after_the_batch_in_hand_when_the_service_stops() {
+    let db = database().await;
+    applied(&db, "e-", 2050, 20).await;
+    let stopping = CancellationToken::new();
+    stopping.cancel();
+
+    let pass = pruner(&db, vec![Target::inbox(14 * DAY)], 500)
+        .pass(&stopping)
+        .await
+        .unwrap();
+
+    assert!(pass.interrupted);
+    assert_eq!(pass.batches, [("processed_events", 500)]);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM processed_events").await,
+        1550
+    );
+}
+
 #[tokio::test]
 async fn a_pruner_that_finds_another_pruning_skips_its_turn() {
     let db = database().await;
@@ -136,7 +169,7 @@ async fn a_pruner_that_finds_another_pruning_skips_its_turn() {
         .unwrap();
     let pruner = pruner(&db, vec![Target::inbox(14 * DAY)], 1000);
 
-    let pass = pruner.pass().await.unwrap();
+    let pass = pruner.pass(&running()).await.unwrap();
 
     assert!(pass.skipped);
     assert_eq!(pass.deleted("processed_events"), 0);
@@ -148,7 +181,7 @@ async fn a_pruner_that_finds_another_pruning_skips_its_turn() {
         .execute("SELECT pg_advisory_unlock($1)", &[&PRUNER_LOCK])
         .await
         .unwrap();
-    let pass = pruner.pass().await.unwrap();
+    let pass = pruner.pass(&running()).await.unwrap();
     assert!(!pass.skipped);
     assert_eq!(pass.deleted("processed_events"), 100);
 }
@@ -177,7 +210,7 @@ async fn a_row_that_is_young_again_by_the_time_its_batch_reaches_it_is_kept() {
         .unwrap();
     let pruner = pruner(&db, vec![Target::idempotency_keys(DAY)], 1000);
 
-    let pass = tokio::spawn(async move { pruner.pass().await.unwrap() });
+    let pass = tokio::spawn(async move { pruner.pass(&running()).await.unwrap() });
     db.a_session_waits_on_a_lock().await;
     request.commit().await.unwrap();
     let pass = pass.await.unwrap();

@@ -119,14 +119,22 @@ impl TestDatabase {
     /// Runs the real pruner over the inbox with a window every applied id is past, as if
     /// `INBOX_RETENTION` had gone by; returns how many ids it deleted.
     pub async fn prune_inbox(&self) -> u64 {
+        let pace = saga::retention::Pace {
+            interval: Duration::from_secs(60),
+            batch: 1000,
+            duty_cycle: 100,
+        };
         let pruner = saga::retention::Pruner::new(
             &self.url,
-            vec![saga::retention::Target::inbox(std::time::Duration::ZERO)],
-            std::time::Duration::from_secs(60),
-            1000,
+            vec![saga::retention::Target::inbox(Duration::ZERO)],
+            pace,
         )
         .unwrap();
-        pruner.pass().await.unwrap().deleted("processed_events")
+        pruner
+            .pass(&Default::default())
+            .await
+            .unwrap()
+            .deleted("processed_events")
     }
 
     /// Waits until a session of this database is blocked on a lock: the statement a test
