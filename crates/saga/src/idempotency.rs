@@ -94,12 +94,6 @@ impl IdempotencyKey {
     }
 }
 
-impl std::fmt::Display for IdempotencyKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// What makes two requests "the same request": method, path, and the body as parsed, so
 /// whitespace and the order of an object's keys do not count, and every value does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
