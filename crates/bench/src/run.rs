@@ -572,96 +572,119 @@ async fn pruning(
     pool_size: u32,
     run_id: u64,
 ) -> anyhow::Result<Pruning> {
-    let n = plan.backlog;
     // A million ids at the default duty cycle take minutes by design.
     let timeout = Duration::from_secs(900);
+    let mut charge = ChargeBacklog {
+        stack,
+        generator,
+        databases,
+        orders: plan.backlog,
+        concurrency: pool_size,
+        timeout,
+    };
+    let (without, _) = charge
+        .drain(&format!("bench{run_id}-prune0"), "off")
+        .await?;
+    log(format!(
+        "pruning: charge {:.0}/s with the pruner off",
+        without.per_second
+    ));
+
+    log(format!(
+        "pruning: {} ids applied 20 days ago into payment-service's inbox",
+        plan.old_ids
+    ));
     let payments = databases.connect(Database::Payments).await?;
-    let orders = databases.connect(Database::Orders).await?;
-    let mut without = None;
-    for prune in [false, true] {
-        stack.stop("payment-service").await?;
-        if prune {
-            log(format!(
-                "pruning: {} ids applied 20 days ago into payment-service's inbox",
-                plan.old_ids
-            ));
-            payments
-                .execute(
-                    "INSERT INTO processed_events (event_id, processed_at)
-                     SELECT 'old-' || i, now() - interval '20 days' + make_interval(secs => i / 1000.0)
-                       FROM generate_series(1, $1::int) i",
-                    &[&(plan.old_ids as i32)],
-                )
-                .await?;
-            payments
-                .batch_execute("VACUUM ANALYZE processed_events")
-                .await?;
-        }
-        let tag = format!("bench{run_id}-prune{}", u8::from(prune));
-        generator
+    payments
+        .execute(
+            "INSERT INTO processed_events (event_id, processed_at)
+             SELECT 'old-' || i, now() - interval '20 days' + make_interval(secs => i / 1000.0)
+               FROM generate_series(1, $1::int) i",
+            &[&(plan.old_ids as i32)],
+        )
+        .await?;
+    payments
+        .batch_execute("VACUUM ANALYZE processed_events")
+        .await?;
+    let (with, started) = charge.drain(&format!("bench{run_id}-prune1"), "1s").await?;
+    let old_left = "SELECT EXISTS (SELECT 1 FROM processed_events
+                      WHERE processed_at < now() - interval '14 days')";
+    while payments.query_one(old_left, &[]).await?.get::<_, bool>(0) {
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "the pruner did not finish in {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let prune_seconds = started.elapsed().as_secs_f64();
+    let result = Pruning {
+        old_ids: plan.old_ids,
+        prune_seconds,
+        pruned_per_second: f64::from(plan.old_ids) / prune_seconds,
+        without,
+        with,
+    };
+    log(format!(
+        "pruning: charge {:.0}/s while the pruner deleted {} ids in {:.1} s ({:.0} rows/s)",
+        result.with.per_second, result.old_ids, prune_seconds, result.pruned_per_second
+    ));
+    Ok(result)
+}
+
+/// Phase 4's backlogs: orders placed with payment-service stopped, then charged by it.
+struct ChargeBacklog<'a> {
+    stack: &'a mut Stack,
+    generator: &'a Arc<LoadGenerator>,
+    databases: &'a Databases,
+    orders: u32,
+    concurrency: u32,
+    timeout: Duration,
+}
+
+impl ChargeBacklog<'_> {
+    /// Places the backlog under `tag`, waits until all of it is on the topic, then starts
+    /// payment-service with `PRUNE_INTERVAL=prune_interval` and times its charges. Returns
+    /// them, and when the service (and with it the pruner's first pass) started.
+    async fn drain(
+        &mut self,
+        tag: &str,
+        prune_interval: &str,
+    ) -> anyhow::Result<(measure::Drain, std::time::Instant)> {
+        self.stack.stop("payment-service").await?;
+        let n = self.orders;
+        self.generator
             .run_count(
                 Shape::Closed {
-                    concurrency: pool_size,
+                    concurrency: self.concurrency,
                 },
                 u64::from(n),
-                &tag,
+                tag,
                 Keys::None,
             )
             .await;
-        // Every order.created of this backlog on the topic before payment-service starts.
+        let orders = self.databases.connect(Database::Orders).await?;
         let published = "SELECT count(*) FROM outbox o JOIN orders r ON o.key = r.id::text
                           WHERE r.customer_id = $1 AND o.type = 'order.created'
                             AND o.published_at IS NOT NULL";
         while orders.query_one(published, &[&tag]).await?.get::<_, i64>(0) < i64::from(n) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let since = measure::server_now(databases).await?;
+        let since = measure::server_now(self.databases).await?;
         let started = std::time::Instant::now();
-        let interval = if prune { "1s" } else { "off" };
-        stack
-            .start_with("payment-service", &[("PRUNE_INTERVAL", interval)])
+        self.stack
+            .start_with("payment-service", &[("PRUNE_INTERVAL", prune_interval)])
             .await?;
         let drained = measure::drain(
-            databases,
+            self.databases,
             Database::Payments,
             Work::Applied,
             since,
             i64::from(n),
-            timeout,
+            self.timeout,
         )
         .await?;
-        if !prune {
-            log(format!(
-                "pruning: charge {:.0}/s with the pruner off",
-                drained.per_second
-            ));
-            without = Some(drained);
-            continue;
-        }
-        let old_left = "SELECT EXISTS (SELECT 1 FROM processed_events
-                          WHERE processed_at < now() - interval '14 days')";
-        while payments.query_one(old_left, &[]).await?.get::<_, bool>(0) {
-            anyhow::ensure!(
-                started.elapsed() < timeout,
-                "the pruner did not finish in {timeout:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let prune_seconds = started.elapsed().as_secs_f64();
-        let result = Pruning {
-            old_ids: plan.old_ids,
-            prune_seconds,
-            pruned_per_second: f64::from(plan.old_ids) / prune_seconds,
-            without: without.take().expect("the first round ran"),
-            with: drained,
-        };
-        log(format!(
-            "pruning: charge {:.0}/s while the pruner deleted {} ids in {:.1} s ({:.0} rows/s)",
-            result.with.per_second, result.old_ids, prune_seconds, result.pruned_per_second
-        ));
-        return Ok(result);
+        Ok((drained, started))
     }
-    unreachable!("the second round returns")
 }
 
 /// What lets a held-back backlog go: a consumer's service started, or a relay's lock

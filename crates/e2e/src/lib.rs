@@ -60,7 +60,12 @@ pub struct Stack {
 
 /// A window of seconds for the inbox, and the topics' `retention.ms` to match (so the
 /// services' start-up check passes): the pruner empties the inboxes as the saga runs.
-pub const PRUNING_INBOX: [(&str, &str); 2] = [("INBOX_RETENTION", "3s"), ("PRUNE_INTERVAL", "1s")];
+pub const PRUNING_INBOX: [(&str, &str); 2] = [
+    ("INBOX_RETENTION", PRUNING_WINDOW),
+    ("PRUNE_INTERVAL", "1s"),
+];
+/// The inbox's window in [`PRUNING_INBOX`], and the topics' `retention.ms` that matches it.
+pub const PRUNING_WINDOW: &str = "3s";
 const PRUNING_TOPIC_RETENTION_MS: &str = "3000";
 
 impl Stack {

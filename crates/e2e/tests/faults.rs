@@ -428,7 +428,7 @@ async fn every_record_replayed_after_the_inboxes_were_pruned_has_no_new_effect()
     let injected = format!(
         "inboxes pruned to empty ({} window), every group reset to earliest: {replayed} records \
          replayed, {guarded} stopped by guard 2 with their ids gone",
-        saga_e2e::PRUNING_INBOX[0].1
+        saga_e2e::PRUNING_WINDOW
     );
     conclude(
         "every record replayed after the inboxes were pruned",

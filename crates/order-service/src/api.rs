@@ -103,7 +103,7 @@ async fn place_order(
     Ok(match placed {
         Placed::New { order, body } => {
             tracing::info!(order_id = %order.id, amount_cents = order.amount_cents, idempotency_key = key, "order placed");
-            idempotency::response(StatusCode::CREATED, &location(order.id), body, false)
+            idempotency::response(orders::CREATED, &location(order.id), body)
         }
         Placed::Replayed {
             order_id,

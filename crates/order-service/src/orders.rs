@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use axum::http::StatusCode;
 use deadpool_postgres::Pool;
 use saga::Topics;
 use saga::events::{self, OrderCreated, OrderItem};
@@ -96,7 +97,7 @@ pub enum Placed {
 }
 
 /// The status every placed order answers with, stored with its key for the replays.
-const CREATED: i16 = 201;
+pub const CREATED: StatusCode = StatusCode::CREATED;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlaceOrderError {
@@ -212,7 +213,7 @@ pub async fn place_order(
                     &keyed.key.as_str(),
                     &keyed.fingerprint.as_bytes(),
                     &order.id,
-                    &CREATED,
+                    &(CREATED.as_u16() as i16),
                     &body,
                     &keyed.ttl.as_secs_f64(),
                 ],

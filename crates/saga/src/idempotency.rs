@@ -134,11 +134,10 @@ fn sorted(value: &Value) -> Value {
     }
 }
 
-/// A JSON response with the given `status`, `Location` and `body` (already serialized,
-/// so that a replay sends the very bytes of the first answer), marked as a replay when
-/// `replayed`.
-pub fn response(status: StatusCode, location: &str, body: String, replayed: bool) -> Response {
-    let mut response = (
+/// A JSON response with the given `status`, `Location` and `body`, already serialized so
+/// that a replay can send the very bytes of the first answer.
+pub fn response(status: StatusCode, location: &str, body: String) -> Response {
+    (
         status,
         [
             (
@@ -152,18 +151,16 @@ pub fn response(status: StatusCode, location: &str, body: String, replayed: bool
         ],
         body,
     )
-        .into_response();
-    if replayed {
-        response
-            .headers_mut()
-            .insert(REPLAYED, HeaderValue::from_static("true"));
-    }
-    response
+        .into_response()
 }
 
-/// The stored first answer, sent again.
+/// The stored first answer, sent again and marked as a replay.
 pub fn replay(status: StatusCode, location: &str, body: String) -> Response {
-    response(status, location, body, true)
+    let mut response = response(status, location, body);
+    response
+        .headers_mut()
+        .insert(REPLAYED, HeaderValue::from_static("true"));
+    response
 }
 
 #[cfg(test)]
