@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use deadpool_postgres::Pool;
 use saga::config::IdempotencyConfig;
+use saga::http::BodyError;
 use saga::idempotency::{self, Fingerprint, IdempotencyKey, KeyError};
 use saga::{Retry, Topics};
 use serde::Deserialize;
@@ -190,17 +191,11 @@ async fn get_order(
         .ok_or(ApiError::NotFound(order_id))
 }
 
-/// Parses a body declared as JSON.
 fn parse_json(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-    if !is_json {
-        return Err(ApiError::UnsupportedMediaType);
-    }
-    serde_json::from_slice(body).map_err(|error| ApiError::MalformedJson(error.to_string()))
+    saga::http::json_body(headers, body).map_err(|error| match error {
+        BodyError::NotJson => ApiError::UnsupportedMediaType,
+        BodyError::Malformed(message) => ApiError::MalformedJson(message),
+    })
 }
 
 /// Decodes a parsed body, naming the field that does not fit.

@@ -121,11 +121,10 @@ async fn an_unknown_order_is_404_and_a_malformed_id_names_the_id() {
 async fn a_service_whose_inbox_forgets_sooner_than_its_topics_refuses_to_start() {
     let (db, kafka) = tokio::join!(TestDatabase::empty(), TestKafka::new());
     let mut config = config(&db, &kafka, defaults());
-    config.retention = RetentionConfig {
-        inbox_retention: Window::Of(Duration::from_secs(3600)),
-        prune_interval: Window::Of(Duration::from_secs(60)),
-        ..RetentionConfig::off()
-    };
+    let mut retention = RetentionConfig::off();
+    retention.inbox_retention = Window::Of(Duration::from_secs(3600));
+    retention.pruning.prune_interval = Window::Of(Duration::from_secs(60));
+    config.retention = retention;
     let app = Application::build(config).await.unwrap();
 
     let error = app

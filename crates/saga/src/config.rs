@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::TypedValueParser as _;
 
-use crate::retention::Window;
+use crate::retention::{Pace, Window};
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseConfig {
@@ -99,6 +99,13 @@ pub struct RetentionConfig {
     #[arg(long, env = "OUTBOX_RETENTION", default_value = "1day")]
     pub outbox_retention: Window,
 
+    #[command(flatten)]
+    pub pruning: PruneConfig,
+}
+
+/// How often, and how hard, the pruner works.
+#[derive(Debug, Clone, Args)]
+pub struct PruneConfig {
     /// How often the pruner deletes what the windows no longer keep. `off`: never.
     #[arg(long, env = "PRUNE_INTERVAL", default_value = "1m")]
     pub prune_interval: Window,
@@ -115,15 +122,31 @@ pub struct RetentionConfig {
     pub prune_duty_cycle: u8,
 }
 
+impl PruneConfig {
+    /// The pruner's pace, or `None` when it is off.
+    pub fn pace(&self) -> Option<Pace> {
+        match self.prune_interval {
+            Window::Of(interval) => Some(Pace {
+                interval,
+                batch: self.prune_batch,
+                duty_cycle: self.prune_duty_cycle,
+            }),
+            Window::Off => None,
+        }
+    }
+}
+
 impl RetentionConfig {
     /// Nothing pruned, nothing checked: for tests that are about something else.
     pub fn off() -> Self {
         Self {
             inbox_retention: Window::Off,
             outbox_retention: Window::Off,
-            prune_interval: Window::Off,
-            prune_batch: 5000,
-            prune_duty_cycle: 20,
+            pruning: PruneConfig {
+                prune_interval: Window::Off,
+                prune_batch: 5000,
+                prune_duty_cycle: 20,
+            },
         }
     }
 }

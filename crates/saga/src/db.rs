@@ -9,8 +9,6 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::{Client, NoTls};
 
-use crate::config::DatabaseConfig;
-
 mod embedded {
     refinery::embed_migrations!("../../migrations/saga");
 }
@@ -45,9 +43,9 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
 /// A pool of at most `max_size` connections to the service's database. Connections are
 /// made lazily, so a service starts even while the database is down and recovers when it
 /// is back.
-pub fn pool(config: &DatabaseConfig, max_size: usize) -> Result<Pool, DbError> {
+pub fn pool(database_url: &str, max_size: usize) -> Result<Pool, DbError> {
     let manager = Manager::from_config(
-        parse_url(&config.database_url)?,
+        parse_url(database_url)?,
         NoTls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
@@ -80,18 +78,60 @@ pub async fn migrate(
     service: fn() -> refinery::Runner,
     history_table: &str,
 ) -> Result<(), DbError> {
+    migrate_sets(
+        database_url,
+        &[
+            (embedded::migrations::runner, "saga_schema_history"),
+            (service, history_table),
+        ],
+    )
+    .await
+}
+
+/// Applies one migration set alone, for a database that takes no part in the saga (no
+/// inbox, no outbox): payment-provider's.
+pub async fn migrate_alone(
+    database_url: &str,
+    migrations: fn() -> refinery::Runner,
+    history_table: &str,
+) -> Result<(), DbError> {
+    migrate_sets(database_url, &[(migrations, history_table)]).await
+}
+
+/// A set's runner and the table that records what it applied.
+type MigrationSet<'a> = (fn() -> refinery::Runner, &'a str);
+
+async fn migrate_sets(database_url: &str, sets: &[MigrationSet<'_>]) -> Result<(), DbError> {
     let mut client = connect(&parse_url(database_url)?).await?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await?;
-    embedded::migrations::runner()
-        .set_migration_table_name("saga_schema_history")
-        .run_async(&mut client)
-        .await?;
-    service()
-        .set_migration_table_name(history_table)
-        .run_async(&mut client)
-        .await?;
+    for (runner, history_table) in sets {
+        runner()
+            .set_migration_table_name(history_table)
+            .run_async(&mut client)
+            .await?;
+    }
     // Closing the session releases the advisory lock.
     Ok(())
+}
+
+/// Runs `migrate` until the database can be reached, waiting with backoff rather than
+/// crash-looping while it starts; any other error is returned at once.
+pub async fn migrate_when_reachable<F, Fut>(migrate: F) -> Result<(), DbError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), DbError>>,
+{
+    let mut delays = crate::backoff::backoff();
+    loop {
+        match migrate().await {
+            Err(DbError::Connect(error)) => {
+                let delay = crate::backoff::next_delay(&mut delays);
+                tracing::warn!(%error, retry_in = ?delay, "database not reachable yet");
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
+        }
+    }
 }

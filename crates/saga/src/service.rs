@@ -17,8 +17,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{DatabaseConfig, KafkaConfig, RetentionConfig};
 use crate::consumer::{self, ConsumerSettings};
-use crate::db::{self, DbError};
-use crate::retention::{self, Pace, Pruner, Target, Window};
+use crate::db;
+use crate::retention::{self, Pruner, Target, Window};
 use crate::{Applier, Handler, OutboxRelay, Topics, backoff};
 
 /// A service between start-up and shutdown.
@@ -61,22 +61,15 @@ impl Service {
         let listener = TcpListener::bind(http_addr)
             .await
             .with_context(|| format!("cannot listen on {http_addr}"))?;
-        let mut delays = backoff::backoff();
-        loop {
-            match db::migrate(&database.database_url, migrations, history_table).await {
-                Ok(()) => break,
-                Err(DbError::Connect(error)) => {
-                    let delay = backoff::next_delay(&mut delays);
-                    tracing::warn!(%error, retry_in = ?delay, "database not reachable yet");
-                    tokio::time::sleep(delay).await;
-                }
-                Err(error) => return Err(error).context("cannot migrate the database"),
-            }
-        }
+        db::migrate_when_reachable(|| {
+            db::migrate(&database.database_url, migrations, history_table)
+        })
+        .await
+        .context("cannot migrate the database")?;
         Ok(Self {
             name,
-            pool: db::pool(database, database.database_pool_size)?,
-            consumer_pool: db::pool(database, database.consumer_pool_size)?,
+            pool: db::pool(&database.database_url, database.database_pool_size)?,
+            consumer_pool: db::pool(&database.database_url, database.consumer_pool_size)?,
             listener,
             database_url: database.database_url.clone(),
             kafka: kafka.clone(),
@@ -126,18 +119,12 @@ impl Service {
         };
         let mut pruned = Target::saga_tables(inbox, self.retention.outbox_retention);
         pruned.extend(std::mem::take(&mut self.also_pruned));
-        let pruner = match self.retention.prune_interval {
-            Window::Of(interval) => Some(Pruner::new(
-                &self.database_url,
-                pruned,
-                Pace {
-                    interval,
-                    batch: self.retention.prune_batch,
-                    duty_cycle: self.retention.prune_duty_cycle,
-                },
-            )?),
-            Window::Off => None,
-        };
+        let pruner = self
+            .retention
+            .pruning
+            .pace()
+            .map(|pace| Pruner::new(&self.database_url, pruned, pace))
+            .transpose()?;
         let relay = OutboxRelay::new(
             &self.database_url,
             &self.kafka.kafka_brokers,
@@ -174,7 +161,7 @@ impl Service {
     /// The inbox's window, checked against the retention of `topics` (waiting, with
     /// backoff, for a broker that cannot be reached yet).
     async fn inbox_window(&self, topics: &[String]) -> anyhow::Result<Window> {
-        if self.retention.prune_interval == Window::Off {
+        if self.retention.pruning.prune_interval == Window::Off {
             return Ok(Window::Off);
         }
         let mut delays = backoff::backoff();

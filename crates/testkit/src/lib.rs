@@ -21,7 +21,6 @@ use rdkafka::message::OwnedMessage;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use saga::Topics;
-use saga::config::DatabaseConfig;
 use uuid::Uuid;
 
 pub use saga::kafka::header;
@@ -57,12 +56,7 @@ impl TestDatabase {
         let mut url = postgres_admin_url();
         let slash = url.rfind('/').expect("the URL names a database");
         url.replace_range(slash + 1.., &name);
-        let config = DatabaseConfig {
-            database_url: url.clone(),
-            database_pool_size: 8,
-            consumer_pool_size: 4,
-        };
-        let pool = saga::db::pool(&config, config.database_pool_size).unwrap();
+        let pool = saga::db::pool(&url, 8).unwrap();
         Self { name, url, pool }
     }
 
