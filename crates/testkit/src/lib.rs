@@ -25,6 +25,8 @@ use uuid::Uuid;
 
 pub use saga::kafka::header;
 
+pub mod provider;
+
 /// Test databases are named with this prefix; `scripts/test` drops leftovers.
 pub const DATABASE_PREFIX: &str = "saga_test_";
 

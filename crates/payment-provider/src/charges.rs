@@ -1,0 +1,502 @@
+//! The charges API, in the shape of Stripe's, and the idempotency that makes it safe to
+//! call again: every `POST /v1/charges` must carry an `Idempotency-Key`; the first call
+//! with a key decides the charge and stores its answer in the same transaction, and every
+//! later call with that key gets that answer back (`Idempotent-Replayed: true`) and
+//! charges nothing. That is the whole defence a caller has against the charge it cannot
+//! roll back: whatever it loses (the answer, its own process), it asks again with the
+//! same key.
+//!
+//! Every error is a JSON body: `{"error": {"code": …, "message": …}}`, with `field` when
+//! one field of the request is wrong.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use deadpool_postgres::Pool;
+use saga::Retry;
+use saga::http::BodyError;
+use saga::idempotency::{self, Fingerprint, IdempotencyKey, KeyError};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use tokio_postgres::error::SqlState;
+use uuid::Uuid;
+
+use crate::faults::{Faults, Kind, Stats};
+use crate::sever::Connection;
+
+pub const CHARGES: &str = "/v1/charges";
+/// The decline code and message of a charge above the limit.
+pub const CARD_DECLINED: &str = "card_declined";
+pub const AMOUNT_EXCEEDS_LIMIT: &str = "amount exceeds limit";
+
+/// How charges are decided and keys kept.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// Charges above this many cents are declined.
+    pub limit_cents: i64,
+    /// How long a key is remembered.
+    pub key_ttl: Duration,
+    /// How long a call waits for an earlier one with the same key before it is answered
+    /// 409.
+    pub key_wait: Duration,
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: Pool,
+    pub rules: Rules,
+    pub faults: Arc<Faults>,
+    pub stats: Arc<Stats>,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(CHARGES, get(list_charges).post(create_charge))
+        .route("/v1/charges/{id}", get(get_charge))
+        .with_state(state)
+}
+
+/// A charge as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Charge {
+    pub id: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub reference: String,
+    /// `succeeded` or `failed`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// A `POST /v1/charges` body, checked.
+#[derive(Debug)]
+struct NewCharge {
+    amount_cents: i64,
+    currency: String,
+    reference: String,
+}
+
+async fn create_charge(
+    State(state): State<AppState>,
+    ConnectInfo(connection): ConnectInfo<Connection>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ProviderError> {
+    Stats::count(&state.stats.calls);
+    let fault = state.faults.draw();
+    match fault {
+        Some(Kind::Unavailable) => {
+            Stats::count(&state.stats.unavailable);
+            tracing::info!("charge refused: unavailable fault armed");
+            return Err(ProviderError::Unavailable("a fault is armed".into()));
+        }
+        Some(Kind::Slow(delay)) => {
+            Stats::count(&state.stats.slowed);
+            tracing::info!(?delay, "charge slowed: slow fault armed");
+            tokio::time::sleep(delay).await;
+        }
+        Some(Kind::LoseResponse) | None => {}
+    }
+    let key = IdempotencyKey::from_headers(&headers)
+        .map_err(ProviderError::InvalidIdempotencyKey)?
+        .ok_or(ProviderError::IdempotencyKeyMissing)?;
+    let body = saga::http::json_body(&headers, &body).map_err(ProviderError::Body)?;
+    let fingerprint = Fingerprint::of("POST", CHARGES, &body);
+    let request = validate(&body)?;
+
+    let decided = charge(&state.pool, state.rules, &key, fingerprint, &request).await?;
+    let (status, location) = (decided.status, format!("{CHARGES}/{}", decided.charge_id));
+    let response = if decided.replayed {
+        Stats::count(&state.stats.replayed);
+        tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, "charge replayed for its idempotency key");
+        idempotency::replay(status, &location, decided.body)
+    } else {
+        if status == StatusCode::CREATED {
+            Stats::count(&state.stats.charged);
+        } else {
+            Stats::count(&state.stats.declined);
+        }
+        tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, amount_cents = request.amount_cents, status = status.as_u16(), "charge decided");
+        idempotency::response(status, &location, decided.body)
+    };
+    if fault == Some(Kind::LoseResponse) {
+        Stats::count(&state.stats.lost_responses);
+        tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, "answer dropped: lose-response fault armed; the connection is cut");
+        connection.sever();
+    }
+    Ok(response)
+}
+
+/// The answer a key's first call decided, or its replay.
+struct Decided {
+    status: StatusCode,
+    charge_id: String,
+    body: String,
+    replayed: bool,
+}
+
+/// Decides a charge and stores it with the key and the answer, in one transaction; or
+/// finds the answer the key already has. A second call with the same key blocks on the
+/// key's insert until the first commits (it then replays its answer) or rolls back (it
+/// then decides the charge itself); `key_wait` bounds that wait.
+async fn charge(
+    pool: &Pool,
+    rules: Rules,
+    key: &IdempotencyKey,
+    fingerprint: Fingerprint,
+    request: &NewCharge,
+) -> Result<Decided, ProviderError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    // Zero would mean no bound, so the shortest wait is a millisecond. `now()` is the
+    // transaction's start: the charge's time, known before anything is written.
+    let wait = format!("{}ms", rules.key_wait.as_millis().max(1));
+    let created_at: OffsetDateTime = tx
+        .query_one(
+            &tx.prepare_cached("SELECT now(), set_config('lock_timeout', $1, true)")
+                .await?,
+            &[&wait],
+        )
+        .await?
+        .get(0);
+    let declined = request.amount_cents > rules.limit_cents;
+    let charge = Charge {
+        id: format!("ch_{}", Uuid::new_v4().simple()),
+        amount_cents: request.amount_cents,
+        currency: request.currency.clone(),
+        reference: request.reference.clone(),
+        status: if declined { "failed" } else { "succeeded" }.to_owned(),
+        failure_code: declined.then(|| CARD_DECLINED.to_owned()),
+        failure_message: declined.then(|| AMOUNT_EXCEEDS_LIMIT.to_owned()),
+        created_at,
+    };
+    let (status, body) = if declined {
+        (
+            StatusCode::PAYMENT_REQUIRED,
+            json!({ "error": {
+                "code": CARD_DECLINED,
+                "message": AMOUNT_EXCEEDS_LIMIT,
+                "charge": charge.id,
+            }})
+            .to_string(),
+        )
+    } else {
+        (
+            StatusCode::CREATED,
+            serde_json::to_string(&charge).expect("a charge serializes"),
+        )
+    };
+
+    // An expired key is a new request: its row is taken over, not replayed.
+    let claimed = tx
+        .query_opt(
+            &tx.prepare_cached(
+                "INSERT INTO idempotency_keys
+                     (key, fingerprint, charge_id, response_status, response_body)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (key) DO UPDATE
+                    SET fingerprint = EXCLUDED.fingerprint, charge_id = EXCLUDED.charge_id,
+                        response_status = EXCLUDED.response_status,
+                        response_body = EXCLUDED.response_body, created_at = now()
+                  WHERE idempotency_keys.created_at <= now() - make_interval(secs => $6)
+                 RETURNING key",
+            )
+            .await?,
+            &[
+                &key.as_str(),
+                &fingerprint.as_bytes(),
+                &charge.id,
+                &(status.as_u16() as i16),
+                &body,
+                &rules.key_ttl.as_secs_f64(),
+            ],
+        )
+        .await
+        .map_err(|error| match error.code() {
+            Some(&SqlState::LOCK_NOT_AVAILABLE) => ProviderError::IdempotencyKeyInUse,
+            _ => error.into(),
+        })?;
+    if claimed.is_none() {
+        let stored = tx
+            .query_opt(
+                &tx.prepare_cached(
+                    "SELECT fingerprint, charge_id, response_status, response_body
+                       FROM idempotency_keys WHERE key = $1",
+                )
+                .await?,
+                &[&key.as_str()],
+            )
+            .await?
+            // Deleted since the insert saw it: expired and pruned; the caller retries.
+            .ok_or(ProviderError::IdempotencyKeyInUse)?;
+        if stored.get::<_, &[u8]>("fingerprint") != fingerprint.as_bytes() {
+            return Err(ProviderError::IdempotencyKeyReused);
+        }
+        let status = stored.get::<_, i16>("response_status") as u16;
+        return Ok(Decided {
+            status: StatusCode::from_u16(status).map_err(|error| {
+                ProviderError::Internal(anyhow::anyhow!("stored status {status}: {error}"))
+            })?,
+            charge_id: stored.get("charge_id"),
+            body: stored.get("response_body"),
+            replayed: true,
+        });
+    }
+    tx.execute(
+        &tx.prepare_cached(
+            "INSERT INTO charges (id, reference, amount_cents, currency, status,
+                                  failure_code, failure_message, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .await?,
+        &[
+            &charge.id,
+            &charge.reference,
+            &charge.amount_cents,
+            &charge.currency,
+            &charge.status,
+            &charge.failure_code,
+            &charge.failure_message,
+            &charge.created_at,
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Decided {
+        status,
+        charge_id: charge.id,
+        body,
+        replayed: false,
+    })
+}
+
+/// Checks a body field by field, naming the first that is wrong.
+fn validate(body: &Value) -> Result<NewCharge, ProviderError> {
+    let Some(fields) = body.as_object() else {
+        return Err(ProviderError::field("body", "must be a JSON object"));
+    };
+    if let Some(unknown) = fields
+        .keys()
+        .find(|k| !["amount_cents", "currency", "reference"].contains(&k.as_str()))
+    {
+        return Err(ProviderError::field(unknown, "is not a field of a charge"));
+    }
+    let amount_cents = match fields.get("amount_cents") {
+        None => return Err(ProviderError::field("amount_cents", "is required")),
+        Some(value) => value.as_i64().filter(|cents| *cents >= 1).ok_or_else(|| {
+            ProviderError::field("amount_cents", "must be an integer of at least 1")
+        })?,
+    };
+    let text = |name: &str| -> Result<String, ProviderError> {
+        match fields.get(name) {
+            None => Err(ProviderError::field(name, "is required")),
+            Some(Value::String(text)) => Ok(text.clone()),
+            Some(_) => Err(ProviderError::field(name, "must be a string")),
+        }
+    };
+    let currency = text("currency")?;
+    if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_lowercase()) {
+        return Err(ProviderError::field(
+            "currency",
+            "must be a three-letter ISO code in lower case, such as \"usd\"",
+        ));
+    }
+    let reference = text("reference")?;
+    if reference.is_empty() || reference.len() > 255 {
+        return Err(ProviderError::field(
+            "reference",
+            "must be 1 to 255 characters",
+        ));
+    }
+    Ok(NewCharge {
+        amount_cents,
+        currency,
+        reference,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    reference: Option<String>,
+}
+
+/// The most charges one list answers with, newest last.
+const LIST_LIMIT: i64 = 100;
+
+/// `GET /v1/charges?reference=<order id>`: the charges made for one reference (or the
+/// latest ones), oldest first, so a person can count them.
+async fn list_charges(
+    State(state): State<AppState>,
+    Query(query): Query<ListQuery>,
+) -> Result<axum::Json<Value>, ProviderError> {
+    let client = state.pool.get().await?;
+    let rows = client
+        .query(
+            "SELECT * FROM (
+                 SELECT * FROM charges WHERE $1::text IS NULL OR reference = $1
+                  ORDER BY created_at DESC, id LIMIT $2
+             ) latest ORDER BY created_at, id",
+            &[&query.reference, &LIST_LIMIT],
+        )
+        .await?;
+    let data: Vec<Charge> = rows.iter().map(charge_from_row).collect();
+    Ok(axum::Json(json!({ "object": "list", "data": data })))
+}
+
+async fn get_charge(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Charge>, ProviderError> {
+    let client = state.pool.get().await?;
+    client
+        .query_opt("SELECT * FROM charges WHERE id = $1", &[&id])
+        .await?
+        .map(|row| axum::Json(charge_from_row(&row)))
+        .ok_or(ProviderError::NotFound(id))
+}
+
+fn charge_from_row(row: &tokio_postgres::Row) -> Charge {
+    Charge {
+        id: row.get("id"),
+        amount_cents: row.get("amount_cents"),
+        currency: row.get("currency"),
+        reference: row.get("reference"),
+        status: row.get("status"),
+        failure_code: row.get("failure_code"),
+        failure_message: row.get("failure_message"),
+        created_at: row.get("created_at"),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// 415 or 400.
+    #[error(transparent)]
+    Body(BodyError),
+    /// 400: a field is missing, of the wrong type, or out of range.
+    #[error("{field}: {message}")]
+    InvalidField { field: String, message: String },
+    /// 400: every charge must carry a key.
+    #[error("POST /v1/charges requires an Idempotency-Key header")]
+    IdempotencyKeyMissing,
+    /// 400.
+    #[error(transparent)]
+    InvalidIdempotencyKey(KeyError),
+    /// 422: the key was first used with a different request.
+    #[error(
+        "this Idempotency-Key was used with a different request; use a new key for a new charge"
+    )]
+    IdempotencyKeyReused,
+    /// 409: a call with this key is still running.
+    #[error("a call with this Idempotency-Key is still being processed; retry shortly")]
+    IdempotencyKeyInUse,
+    /// 404.
+    #[error("no charge {0}")]
+    NotFound(String),
+    /// 503: a fault is armed, or the database is away.
+    #[error("the provider is unavailable: {0}")]
+    Unavailable(String),
+    /// 500.
+    #[error(transparent)]
+    Internal(anyhow::Error),
+}
+
+impl ProviderError {
+    fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ProviderError::InvalidField {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for ProviderError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        match saga::handler::classify_postgres(&error) {
+            Retry::UntilItWorks => ProviderError::Unavailable(error.to_string()),
+            Retry::AFewTimes | Retry::Never => ProviderError::Internal(error.into()),
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for ProviderError {
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        ProviderError::Unavailable(error.to_string())
+    }
+}
+
+impl IntoResponse for ProviderError {
+    fn into_response(self) -> Response {
+        let message = self.to_string();
+        let (status, body) = match &self {
+            ProviderError::Body(BodyError::NotJson) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                json!({ "code": "unsupported_media_type", "message": message }),
+            ),
+            ProviderError::Body(BodyError::Malformed(_)) => (
+                StatusCode::BAD_REQUEST,
+                json!({ "code": "malformed_json", "message": message }),
+            ),
+            ProviderError::InvalidField { field, message } => (
+                StatusCode::BAD_REQUEST,
+                json!({ "code": "invalid_field", "field": field, "message": message }),
+            ),
+            ProviderError::IdempotencyKeyMissing => (
+                StatusCode::BAD_REQUEST,
+                json!({ "code": "idempotency_key_missing", "message": message }),
+            ),
+            ProviderError::InvalidIdempotencyKey(_) => (
+                StatusCode::BAD_REQUEST,
+                json!({ "code": "invalid_idempotency_key", "message": message }),
+            ),
+            ProviderError::IdempotencyKeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({ "code": "idempotency_key_reused", "message": message }),
+            ),
+            ProviderError::IdempotencyKeyInUse => (
+                StatusCode::CONFLICT,
+                json!({ "code": "idempotency_key_in_use", "message": message }),
+            ),
+            ProviderError::NotFound(_) => (
+                StatusCode::NOT_FOUND,
+                json!({ "code": "charge_not_found", "message": message }),
+            ),
+            ProviderError::Unavailable(error) => {
+                tracing::warn!(%error, "call refused: unavailable");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({ "code": "unavailable", "message": "the provider is unavailable; retry later" }),
+                )
+            }
+            ProviderError::Internal(error) => {
+                tracing::error!(error = format!("{error:#}"), "call failed");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({ "code": "internal", "message": "internal error" }),
+                )
+            }
+        };
+        let mut response = (status, axum::Json(json!({ "error": body }))).into_response();
+        if matches!(
+            self,
+            ProviderError::IdempotencyKeyInUse | ProviderError::Unavailable(_)
+        ) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

@@ -1,0 +1,260 @@
+//! payment-provider: a stand-in card processor for payment-service to call, in the shape
+//! of Stripe's API, with what public mocks leave out: it **honours `Idempotency-Key`**
+//! (the first answer per key is stored with the charge and replayed to every later call
+//! with the key), and it **fails on demand** (down, slow, or charging and then losing its
+//! answer), so the saga can be shown charging each order once whatever is lost.
+//!
+//! - [`charges`]: `POST /v1/charges`, `GET /v1/charges?reference=…`, `GET
+//!   /v1/charges/{id}`.
+//! - [`faults`]: what can be armed (`PROVIDER_FAULT`, `PUT /admin/fault`) and what the
+//!   provider counted (`GET /admin/stats`).
+//! - [`sever`]: the listener that lets a handler cut its connection after its commit.
+//!
+//! It takes no part in the saga: no Kafka, no inbox, no outbox; its own database
+//! (`provider`) holds charges and keys.
+
+pub mod charges;
+pub mod faults;
+pub mod sever;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::get;
+use clap::Parser;
+use clap::builder::TypedValueParser as _;
+use deadpool_postgres::Pool;
+use saga::config::PruneConfig;
+use saga::retention::{Pruner, Target};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::charges::{AppState, Rules};
+use crate::faults::{Fault, Faults};
+use crate::sever::{Connection, SeverableListener};
+
+pub const SERVICE: &str = "payment-provider";
+
+mod embedded {
+    refinery::embed_migrations!("../../migrations/provider");
+}
+
+/// Where the provider's migrations record what they applied.
+pub const HISTORY_TABLE: &str = "provider_schema_history";
+
+/// payment-provider: a stand-in card processor.
+#[derive(Debug, Clone, Parser)]
+#[command(version, about)]
+pub struct Config {
+    /// PostgreSQL URL of the provider's own database.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+
+    /// Connections for the HTTP handlers.
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub database_pool_size: usize,
+
+    /// Where the API listens; port 0 picks a free port.
+    #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8083")]
+    pub http_addr: SocketAddr,
+
+    /// Charges above this amount (in cents) are declined: 402 `card_declined`, "amount
+    /// exceeds limit".
+    #[arg(long, env = "PAYMENT_LIMIT_CENTS", default_value_t = 100_000)]
+    pub payment_limit_cents: i64,
+
+    /// How long a key is remembered: a retry within it gets the first answer, after it
+    /// the same key is a new charge.
+    #[arg(long, env = "IDEMPOTENCY_KEY_TTL", default_value = "24h",
+          value_parser = humantime::parse_duration)]
+    pub idempotency_key_ttl: Duration,
+
+    /// How long a call waits for an earlier one with the same key to finish before it is
+    /// answered 409 `idempotency_key_in_use`.
+    #[arg(long, env = "IDEMPOTENCY_KEY_WAIT", default_value = "2s",
+          value_parser = humantime::parse_duration)]
+    pub idempotency_key_wait: Duration,
+
+    /// A fault armed from the start, as `PUT /admin/fault` takes it:
+    /// `{"kind": "lose-response", "rate": 0.33}`.
+    #[arg(long, env = "PROVIDER_FAULT", value_parser = Fault::parse)]
+    pub provider_fault: Option<Fault>,
+
+    #[command(flatten)]
+    pub pruning: PruneConfig,
+}
+
+impl Config {
+    /// The defaults, on a free loopback port, with no pruner: for tests.
+    pub fn local(database_url: &str) -> Self {
+        Self::parse_from([
+            SERVICE,
+            "--database-url",
+            database_url,
+            "--http-addr",
+            "127.0.0.1:0",
+            "--prune-interval",
+            "off",
+        ])
+    }
+}
+
+/// Starts a provider in this process on a free loopback port, with `configure`'s changes to
+/// the defaults; returns its base URL and the token that stops it. For tests.
+pub async fn start_local(
+    database_url: &str,
+    configure: impl FnOnce(&mut Config),
+) -> anyhow::Result<(String, CancellationToken)> {
+    let mut config = Config::local(database_url);
+    configure(&mut config);
+    let app = Application::build(config).await?;
+    let url = format!("http://{}", app.local_addr());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(app.run_until_stopped(shutdown.clone()));
+    Ok((url, shutdown))
+}
+
+pub struct Application {
+    config: Config,
+    listener: SeverableListener,
+    pool: Pool,
+}
+
+impl Application {
+    /// Binds the listener and migrates the database, waiting for one that is not up yet.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(config.http_addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.http_addr))?;
+        saga::db::migrate_when_reachable(|| {
+            saga::db::migrate_alone(
+                &config.database_url,
+                embedded::migrations::runner,
+                HISTORY_TABLE,
+            )
+        })
+        .await
+        .context("cannot migrate the database")?;
+        let pool = saga::db::pool(&config.database_url, config.database_pool_size)?;
+        Ok(Self {
+            config,
+            listener: SeverableListener(listener),
+            pool,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .0
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves the API, the admin endpoints and `/health`, and prunes expired keys, until
+    /// `shutdown`.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let faults = Arc::new(Faults::new(self.config.provider_fault));
+        if let Some(fault) = self.config.provider_fault {
+            tracing::warn!(fault = %fault.to_json(), "fault armed from PROVIDER_FAULT");
+        }
+        let state = AppState {
+            pool: self.pool.clone(),
+            rules: Rules {
+                limit_cents: self.config.payment_limit_cents,
+                key_ttl: self.config.idempotency_key_ttl,
+                key_wait: self.config.idempotency_key_wait,
+            },
+            faults: faults.clone(),
+            stats: Arc::default(),
+        };
+        let router = charges::router(state.clone())
+            .merge(admin(state))
+            .merge(saga::http::health(self.pool.clone()));
+        let pruner = self
+            .config
+            .pruning
+            .pace()
+            .map(|pace| {
+                Pruner::new(
+                    &self.config.database_url,
+                    vec![Target::idempotency_keys(self.config.idempotency_key_ttl)],
+                    pace,
+                )
+            })
+            .transpose()?;
+        tracing::info!(service = SERVICE, addr = %self.local_addr(), "service started");
+        let pruning = pruner.map(|pruner| tokio::spawn(pruner.run(shutdown.clone())));
+        axum::serve(
+            self.listener,
+            router.into_make_service_with_connect_info::<Connection>(),
+        )
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await?;
+        shutdown.cancel();
+        if let Some(pruning) = pruning {
+            pruning.await?;
+        }
+        Ok(())
+    }
+}
+
+/// `PUT /admin/fault` arms a fault, `DELETE /admin/fault` disarms it, `GET /admin/fault`
+/// shows it; `GET /admin/stats` counts what the provider did. On the API's own port: the
+/// provider is a stand-in that listens on loopback.
+fn admin(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/admin/fault",
+            get(show_fault).put(arm_fault).delete(disarm_fault),
+        )
+        .route("/admin/stats", get(stats))
+        .with_state(state)
+}
+
+fn fault_json(faults: &Faults) -> Json<Value> {
+    Json(json!({ "fault": faults.armed().map(Fault::to_json) }))
+}
+
+async fn show_fault(State(state): State<AppState>) -> Json<Value> {
+    fault_json(&state.faults)
+}
+
+async fn arm_fault(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let armed = saga::http::json_body(&headers, &body)
+        .map_err(|error| error.to_string())
+        .and_then(Fault::from_json);
+    match armed {
+        Ok(fault) => {
+            state.faults.arm(Some(fault));
+            tracing::warn!(fault = %fault.to_json(), "fault armed");
+            fault_json(&state.faults).into_response()
+        }
+        Err(message) => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "error": { "code": "invalid_fault", "message": message } })),
+        )
+            .into_response(),
+    }
+}
+
+async fn disarm_fault(State(state): State<AppState>) -> Json<Value> {
+    state.faults.arm(None);
+    tracing::info!("fault disarmed");
+    fault_json(&state.faults)
+}
+
+async fn stats(State(state): State<AppState>) -> Json<Value> {
+    Json(state.stats.to_json())
+}

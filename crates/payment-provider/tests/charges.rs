@@ -1,0 +1,324 @@
+//! The provider against a real PostgreSQL, over real HTTP: each key charges once, whatever
+//! is repeated, raced or lost.
+
+use std::time::Duration;
+
+use payment_provider::Config;
+use reqwest::StatusCode;
+use saga_testkit::TestDatabase;
+use saga_testkit::provider::ProviderAdmin;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+struct Provider {
+    url: String,
+    http: reqwest::Client,
+    admin: ProviderAdmin,
+    _db: TestDatabase,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn provider() -> Provider {
+    provider_with(|_| {}).await
+}
+
+async fn provider_with(configure: impl FnOnce(&mut Config)) -> Provider {
+    let db = TestDatabase::empty().await;
+    let (url, shutdown) = payment_provider::start_local(&db.url, configure)
+        .await
+        .unwrap();
+    Provider {
+        admin: ProviderAdmin::new(url.clone()),
+        url,
+        http: reqwest::Client::new(),
+        _db: db,
+        shutdown,
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    body: Value,
+}
+
+impl Provider {
+    async fn charge(&self, key: Option<&str>, body: &Value) -> reqwest::Result<Answer> {
+        self.charge_within(key, body, Duration::from_secs(30)).await
+    }
+
+    async fn charge_within(
+        &self,
+        key: Option<&str>,
+        body: &Value,
+        timeout: Duration,
+    ) -> reqwest::Result<Answer> {
+        let mut request = self
+            .http
+            .post(format!("{}/v1/charges", self.url))
+            .timeout(timeout)
+            .json(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let replayed = response.headers().get("idempotent-replayed").is_some();
+        let body = response.json().await?;
+        Ok(Answer {
+            status,
+            replayed,
+            body,
+        })
+    }
+
+    async fn charges_for(&self, reference: &str) -> Vec<Value> {
+        self.admin.charges_for(reference).await
+    }
+
+    async fn arm(&self, fault: Value) {
+        self.admin.arm(fault).await
+    }
+
+    async fn stats(&self) -> Value {
+        self.admin.stats().await
+    }
+}
+
+fn request(reference: &str, amount_cents: i64) -> Value {
+    json!({ "amount_cents": amount_cents, "currency": "usd", "reference": reference })
+}
+
+#[tokio::test]
+async fn a_key_charges_once_and_every_retry_gets_the_first_answer() {
+    let provider = provider().await;
+    let body = request("order-1", 1299);
+
+    let first = provider.charge(Some("k-1"), &body).await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed);
+    assert!(first.body["id"].as_str().unwrap().starts_with("ch_"));
+    assert_eq!(first.body["status"], "succeeded");
+    assert_eq!(first.body["amount_cents"], 1299);
+    for _ in 0..3 {
+        let again = provider.charge(Some("k-1"), &body).await.unwrap();
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert!(again.replayed);
+        assert_eq!(again.body, first.body);
+    }
+
+    let charges = provider.charges_for("order-1").await;
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(charges[0], first.body);
+    let stats = provider.stats().await;
+    assert_eq!(
+        (
+            stats["calls"].as_u64(),
+            stats["charged"].as_u64(),
+            stats["replayed"].as_u64()
+        ),
+        (Some(4), Some(1), Some(3))
+    );
+}
+
+#[tokio::test]
+async fn above_the_limit_is_declined_with_its_reason_and_the_decline_is_replayed() {
+    let provider = provider_with(|config| config.payment_limit_cents = 1000).await;
+    let body = request("order-2", 1001);
+
+    let declined = provider.charge(Some("k-2"), &body).await.unwrap();
+    assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(declined.body["error"]["code"], "card_declined");
+    assert_eq!(declined.body["error"]["message"], "amount exceeds limit");
+    let again = provider.charge(Some("k-2"), &body).await.unwrap();
+    assert_eq!(again.status, StatusCode::PAYMENT_REQUIRED);
+    assert!(again.replayed);
+    assert_eq!(again.body, declined.body);
+
+    let charges = provider.charges_for("order-2").await;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0]["status"], "failed");
+    assert_eq!(charges[0]["id"], declined.body["error"]["charge"]);
+}
+
+#[tokio::test]
+async fn a_used_key_with_another_request_is_refused_and_charges_nothing() {
+    let provider = provider().await;
+    provider
+        .charge(Some("k-3"), &request("order-3", 500))
+        .await
+        .unwrap();
+
+    let other = provider
+        .charge(Some("k-3"), &request("order-3", 501))
+        .await
+        .unwrap();
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.body["error"]["code"], "idempotency_key_reused");
+    assert_eq!(provider.charges_for("order-3").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_charge_without_a_key_or_with_a_bad_field_is_refused_naming_what_is_wrong() {
+    let provider = provider().await;
+    let missing = provider
+        .charge(None, &request("order-4", 500))
+        .await
+        .unwrap();
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(missing.body["error"]["code"], "idempotency_key_missing");
+
+    for (body, field) in [
+        (
+            json!({"currency": "usd", "reference": "order-4"}),
+            "amount_cents",
+        ),
+        (
+            json!({"amount_cents": 0, "currency": "usd", "reference": "order-4"}),
+            "amount_cents",
+        ),
+        (
+            json!({"amount_cents": 5, "currency": "USD", "reference": "order-4"}),
+            "currency",
+        ),
+        (
+            json!({"amount_cents": 5, "currency": "usd", "reference": ""}),
+            "reference",
+        ),
+        (
+            json!({"amount_cents": 5, "currency": "usd", "reference": 7}),
+            "reference",
+        ),
+        (
+            json!({"amount_cents": 5, "currency": "usd", "reference": "order-4", "tip": 1}),
+            "tip",
+        ),
+        (json!([1, 2]), "body"),
+    ] {
+        let refused = provider.charge(Some("k-4"), &body).await.unwrap();
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(refused.body["error"]["code"], "invalid_field", "{body}");
+        assert_eq!(refused.body["error"]["field"], field, "{body}");
+    }
+    assert!(provider.charges_for("order-4").await.is_empty());
+}
+
+/// Calls racing with one key: every one gets the same charge, and one is made.
+#[tokio::test]
+async fn calls_racing_with_one_key_make_one_charge() {
+    let provider = provider().await;
+    for round in 0..20 {
+        let reference = format!("order-race-{round}");
+        let body = request(&reference, 700);
+        let key = format!("k-race-{round}");
+        let answers =
+            futures::future::join_all((0..6).map(|_| provider.charge(Some(&key), &body))).await;
+        let ids: Vec<Value> = answers
+            .into_iter()
+            .map(|answer| {
+                let answer = answer.unwrap();
+                assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+                answer.body["id"].clone()
+            })
+            .collect();
+        assert!(ids.iter().all(|id| *id == ids[0]), "round {round}: {ids:?}");
+        assert_eq!(
+            provider.charges_for(&reference).await.len(),
+            1,
+            "round {round}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_lost_answer_leaves_the_charge_made_and_the_retry_gets_it() {
+    let provider = provider().await;
+    let body = request("order-5", 900);
+    provider
+        .arm(json!({"kind": "lose-response", "next": 1}))
+        .await;
+
+    let lost = provider.charge(Some("k-5"), &body).await;
+    let error = lost.err().expect("the answer is lost, not sent");
+    assert!(!error.is_status() && !error.is_timeout(), "{error:?}");
+    let made = provider.charges_for("order-5").await;
+    assert_eq!(
+        made.len(),
+        1,
+        "the charge was committed before the answer was dropped"
+    );
+
+    let retry = provider.charge(Some("k-5"), &body).await.unwrap();
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed);
+    assert_eq!(retry.body["id"], made[0]["id"]);
+    assert_eq!(provider.charges_for("order-5").await.len(), 1);
+    assert_eq!(provider.stats().await["lost_responses"], 1);
+}
+
+#[tokio::test]
+async fn an_unavailable_provider_charges_nothing_until_it_is_back() {
+    let provider = provider().await;
+    let body = request("order-6", 900);
+    provider
+        .arm(json!({"kind": "unavailable", "next": 2}))
+        .await;
+
+    for _ in 0..2 {
+        let refused = provider.charge(Some("k-6"), &body).await.unwrap();
+        assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.body["error"]["code"], "unavailable");
+        assert!(provider.charges_for("order-6").await.is_empty());
+    }
+    let charged = provider.charge(Some("k-6"), &body).await.unwrap();
+    assert_eq!(charged.status, StatusCode::CREATED);
+    assert!(!charged.replayed);
+}
+
+/// A caller that gives up on a slow call and retries with the key gets one charge,
+/// whether the first call finished before the retry or not.
+#[tokio::test]
+async fn a_slow_call_given_up_on_and_retried_with_its_key_charges_once() {
+    let provider = provider().await;
+    let body = request("order-7", 900);
+    provider
+        .arm(json!({"kind": "slow", "delay_ms": 400, "next": 1}))
+        .await;
+
+    let gave_up = provider
+        .charge_within(Some("k-7"), &body, Duration::from_millis(100))
+        .await;
+    assert!(gave_up.err().is_some_and(|e| e.is_timeout()));
+    let retry = provider.charge(Some("k-7"), &body).await.unwrap();
+    assert_eq!(retry.status, StatusCode::CREATED);
+    let charges = provider.charges_for("order-7").await;
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(charges[0]["id"], retry.body["id"]);
+}
+
+#[tokio::test]
+async fn a_fault_that_makes_no_sense_is_refused_naming_the_field() {
+    let provider = provider().await;
+    let response = provider
+        .http
+        .put(format!("{}/admin/fault", provider.url))
+        .json(&json!({"kind": "slow"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("delay_ms"),
+        "{body}"
+    );
+}
