@@ -9,10 +9,10 @@
 //!    rows: this customer was already told about this order; stop.
 //! 3. Enqueue `notification.sent` with id `<outcome event id>:notification`.
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{Pool, Transaction};
 use saga::events::{self, NotificationSent, OrderOutcome};
 use saga::outbox::{self, NewEvent};
-use saga::{Envelope, Handler, HandlerError, Outcome, Topics};
+use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics};
 
 pub struct NotifyCustomer {
     topics: Topics,
@@ -27,6 +27,7 @@ impl NotifyCustomer {
 impl Handler for NotifyCustomer {
     /// The decided outcome, and whether it is a confirmation.
     type Command = (OrderOutcome, bool);
+    type Prepared = Self::Command;
 
     fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError> {
         let confirmed = match event.event_type.as_str() {
@@ -43,6 +44,16 @@ impl Handler for NotifyCustomer {
         let outcome: OrderOutcome = event.payload()?;
         event.check_aggregate(outcome.order_id)?;
         Ok(Some((outcome, confirmed)))
+    }
+
+    /// Nothing leaves the database: the message is an outbox row.
+    async fn prepare(
+        &self,
+        _: &Pool,
+        _: &Envelope,
+        command: Self::Command,
+    ) -> Result<Step<Self::Command>, HandlerError> {
+        Ok(Step::Apply(command))
     }
 
     async fn apply(

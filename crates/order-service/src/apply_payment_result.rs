@@ -11,10 +11,10 @@
 //!
 //! Only then: set the status and enqueue `order.confirmed` / `order.cancelled`.
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{Pool, Transaction};
 use saga::events::{self, OrderOutcome, PaymentResult};
 use saga::outbox::{self, NewEvent};
-use saga::{Envelope, Handler, HandlerError, Outcome, Topics};
+use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics};
 
 use crate::orders::OrderStatus;
 
@@ -31,6 +31,7 @@ impl ApplyPaymentResult {
 impl Handler for ApplyPaymentResult {
     /// The payment result, and the status it decides.
     type Command = (PaymentResult, OrderStatus);
+    type Prepared = Self::Command;
 
     fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError> {
         let decided = match event.event_type.as_str() {
@@ -45,6 +46,16 @@ impl Handler for ApplyPaymentResult {
         let payment: PaymentResult = event.payload()?;
         event.check_aggregate(payment.order_id)?;
         Ok(Some((payment, decided)))
+    }
+
+    /// Nothing leaves the database.
+    async fn prepare(
+        &self,
+        _: &Pool,
+        _: &Envelope,
+        command: Self::Command,
+    ) -> Result<Step<Self::Command>, HandlerError> {
+        Ok(Step::Apply(command))
     }
 
     async fn apply(

@@ -1,6 +1,17 @@
-//! ChargeOrder: one payment per order, whatever `orders` redelivers.
+//! ChargeOrder: one charge per order at the card provider, one payment per order here,
+//! whatever `orders` redelivers and whatever the provider's answers lose.
 //!
-//! In one transaction:
+//! The charge is a call to another system, which no rollback of ours can undo, so it
+//! happens *before* the transaction, holding no connection ([`Handler::prepare`]):
+//! 0. **Known already?** If the event id is in the inbox (a duplicate) or the order has a
+//!    payment, no call is made. Otherwise the provider is asked to charge, with the
+//!    idempotency key `<order id>:charge` ([`charge_key`]). Every redelivery, every retry
+//!    after a timeout or a lost answer, every instance that takes the partition over, asks
+//!    with that same key, so the provider charges once and answers every later call with
+//!    the first charge. This is what the key is for: the call *can* happen twice (a crash
+//!    after it, a commit that fails), and must be safe to repeat.
+//!
+//! Then, in one transaction:
 //! 1. **Dedupe.** The `order.created` id goes into `processed_events`; a redelivery stops
 //!    here.
 //! 2. **State.** The payment row is the aggregate, and this event creates it, so there is
@@ -8,43 +19,53 @@
 //!    CONFLICT (order_id) DO NOTHING` makes a concurrent transaction for the same order
 //!    wait on the primary key and then insert nothing; zero rows means the order was
 //!    already charged (by another `order.created` for it, with a different id): stop.
-//! 3. Enqueue `payment.succeeded` / `payment.failed` with id `<order.created id>:payment`,
-//!    so a redelivered `order.created` can only ever produce the same result event.
+//! 3. Record the provider's charge id with the payment, and enqueue `payment.succeeded` /
+//!    `payment.failed` (with the provider's decline reason) with id
+//!    `<order.created id>:payment`, so a redelivered `order.created` can only ever
+//!    produce the same result event.
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{Pool, Transaction};
 use saga::events::{self, OrderCreated, PaymentResult};
 use saga::outbox::{self, NewEvent};
-use saga::{Envelope, Handler, HandlerError, Outcome, Topics};
+use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, failpoint};
+use uuid::Uuid;
 
-/// Decides whether a payment succeeds. A stand-in for a payment provider, deterministic
-/// so a replay decides the same way.
-#[derive(Debug, Clone, Copy)]
-pub struct PaymentPolicy {
-    pub limit_cents: i64,
-}
+use crate::provider::{Answer, ChargeRequest, Provider};
 
-pub const AMOUNT_EXCEEDS_LIMIT: &str = "amount exceeds limit";
+/// The orders' prices are in US cents.
+pub const CURRENCY: &str = "usd";
 
-impl PaymentPolicy {
-    /// `None` to charge, or the reason the payment fails.
-    pub fn decline_reason(&self, amount_cents: i64) -> Option<&'static str> {
-        (amount_cents > self.limit_cents).then_some(AMOUNT_EXCEEDS_LIMIT)
-    }
+/// The idempotency key of an order's charge. Derived from the order, which is also the id
+/// of every `order.created` order-service writes (`<order.created id>:charge`): so the
+/// same key for every call about the order, and a hand-made `order.created` with another
+/// id for it, racing the first, gets the first charge back instead of a second one.
+pub fn charge_key(order_id: Uuid) -> String {
+    format!("{order_id}:charge")
 }
 
 pub struct ChargeOrder {
     topics: Topics,
-    policy: PaymentPolicy,
+    provider: Provider,
 }
 
 impl ChargeOrder {
-    pub fn new(topics: Topics, policy: PaymentPolicy) -> Self {
-        Self { topics, policy }
+    pub fn new(topics: Topics, provider: Provider) -> Self {
+        Self { topics, provider }
     }
+}
+
+/// What [`ChargeOrder::prepare`] learnt, for the transaction.
+#[derive(Debug)]
+pub enum Charge {
+    /// The provider's answer about this order.
+    Answered { order: OrderCreated, answer: Answer },
+    /// The order had a payment before this event arrived: nothing was asked.
+    AlreadyCharged,
 }
 
 impl Handler for ChargeOrder {
     type Command = OrderCreated;
+    type Prepared = Charge;
 
     fn decode(&self, event: &Envelope) -> Result<Option<OrderCreated>, HandlerError> {
         match event.event_type.as_str() {
@@ -62,31 +83,94 @@ impl Handler for ChargeOrder {
         Ok(Some(order))
     }
 
+    async fn prepare(
+        &self,
+        pool: &Pool,
+        event: &Envelope,
+        order: OrderCreated,
+    ) -> Result<Step<Charge>, HandlerError> {
+        match already_handled(pool, event, order.order_id).await? {
+            Some(Known::Event) => return Ok(Step::Done(Outcome::Duplicate)),
+            Some(Known::Order) => return Ok(Step::Apply(Charge::AlreadyCharged)),
+            None => {}
+        }
+        let key = if failpoint::fires(failpoint::FRESH_CHARGE_KEY) {
+            format!("{}:{}", charge_key(order.order_id), Uuid::new_v4())
+        } else {
+            charge_key(order.order_id)
+        };
+        let answer = self
+            .provider
+            .charge(
+                &key,
+                &ChargeRequest {
+                    amount_cents: order.amount_cents,
+                    currency: CURRENCY,
+                    reference: order.order_id.to_string(),
+                },
+            )
+            .await?;
+        tracing::info!(order_id = %order.order_id, idempotency_key = key, ?answer, "provider answered");
+        Ok(Step::Apply(Charge::Answered { order, answer }))
+    }
+
     async fn apply(
         &self,
         tx: &Transaction<'_>,
         event: &Envelope,
-        order: OrderCreated,
+        charge: Charge,
     ) -> Result<Outcome, HandlerError> {
-        charge_order(tx, &self.topics, self.policy, event, &order).await
+        let answered = match &charge {
+            Charge::Answered { order, answer } => Some((order, answer)),
+            Charge::AlreadyCharged => None,
+        };
+        charge_order(tx, &self.topics, event, answered).await
     }
 }
 
-#[tracing::instrument(skip_all, fields(order_id = %order.order_id, event_id = %event.id))]
+/// What the inbox or the payments already know of an event.
+enum Known {
+    /// Its id was applied.
+    Event,
+    /// Its order has a payment.
+    Order,
+}
+
+/// Guards 1 and 2 read ahead, outside any transaction, so that a known duplicate makes no
+/// call. Only a shortcut: the transaction checks both again, with locks.
+async fn already_handled(
+    pool: &Pool,
+    event: &Envelope,
+    order_id: Uuid,
+) -> Result<Option<Known>, HandlerError> {
+    let client = pool.get().await?;
+    let row = client
+        .query_one(
+            &client
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM processed_events WHERE event_id = $1),
+                            EXISTS (SELECT 1 FROM payments WHERE order_id = $2)",
+                )
+                .await?,
+            &[&event.id, &order_id],
+        )
+        .await?;
+    Ok(match (row.get(0), row.get(1)) {
+        (true, _) => Some(Known::Event),
+        (false, true) => Some(Known::Order),
+        (false, false) => None,
+    })
+}
+
+/// Records the provider's `answer` about `order` (`None`: the order was found charged
+/// before any call).
+#[tracing::instrument(skip_all, fields(event_id = %event.id))]
 pub async fn charge_order(
     tx: &Transaction<'_>,
     topics: &Topics,
-    policy: PaymentPolicy,
     event: &Envelope,
-    order: &OrderCreated,
+    answered: Option<(&OrderCreated, &Answer)>,
 ) -> Result<Outcome, HandlerError> {
-    let decline_reason = policy.decline_reason(order.amount_cents);
-    let status = if decline_reason.is_some() {
-        "failed"
-    } else {
-        "succeeded"
-    };
-
     // Each statement is prepared once per pooled connection (`prepare_cached`), not on
     // every call: parsing and planning it again, and the extra round trip that takes,
     // cost more than running it. The caller opened `tx` and commits it when this
@@ -105,13 +189,23 @@ pub async fn charge_order(
     if claimed == 0 {
         return Ok(Outcome::Duplicate);
     }
+    // A payment row is never deleted: an order found charged stays charged.
+    let Some((order, answer)) = answered else {
+        return Ok(Outcome::Guarded);
+    };
+    let (status, charge_id, reason) = match answer {
+        Answer::Charged { charge_id, .. } => ("succeeded", Some(charge_id), None),
+        Answer::Declined {
+            charge_id, reason, ..
+        } => ("failed", charge_id.as_ref(), Some(reason)),
+    };
 
     // Guard 2: has this order been charged already?
     let inserted = tx
         .execute(
             &tx.prepare_cached(
-                "INSERT INTO payments (order_id, event_id, status, amount_cents, reason)
-                 VALUES ($1, $2, $3, $4, $5)
+                "INSERT INTO payments (order_id, event_id, status, amount_cents, reason, charge_id)
+                 VALUES ($1, $2, $3, $4, $5, $6)
                  ON CONFLICT (order_id) DO NOTHING",
             )
             .await?,
@@ -120,7 +214,8 @@ pub async fn charge_order(
                 &event.id,
                 &status,
                 &order.amount_cents,
-                &decline_reason,
+                &reason,
+                &charge_id,
             ],
         )
         .await?;
@@ -136,7 +231,7 @@ pub async fn charge_order(
             event_id: &result_id,
             topic: &topics.payments,
             key: &order_key,
-            event_type: if decline_reason.is_some() {
+            event_type: if reason.is_some() {
                 events::PAYMENT_FAILED
             } else {
                 events::PAYMENT_SUCCEEDED
@@ -144,24 +239,10 @@ pub async fn charge_order(
             payload: &PaymentResult {
                 order_id: order.order_id,
                 amount_cents: order.amount_cents,
-                reason: decline_reason.map(str::to_owned),
+                reason: reason.cloned(),
             },
         },
     )
     .await?;
     Ok(Outcome::Applied)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn declines_only_above_the_limit() {
-        let policy = PaymentPolicy {
-            limit_cents: 100_000,
-        };
-        assert_eq!(policy.decline_reason(100_000), None);
-        assert_eq!(policy.decline_reason(100_001), Some(AMOUNT_EXCEEDS_LIMIT));
-    }
 }

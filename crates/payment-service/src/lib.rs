@@ -1,9 +1,14 @@
 //! payment-service: charges each new order once and announces the result.
 //!
-//! - [`charge_order`]: consumes `order.created` from `orders`, decides, records the
-//!   payment and enqueues `payment.succeeded` / `payment.failed`, in one transaction.
+//! - [`charge_order`]: consumes `order.created` from `orders`, asks the card provider to
+//!   charge it (outside any transaction, with a key that makes the call safe to repeat),
+//!   then records the payment and enqueues `payment.succeeded` / `payment.failed`, in one
+//!   transaction.
+//! - [`provider`]: the HTTP client of the provider (payment-provider, or any service
+//!   with its API), and what each of its answers means.
 
 pub mod charge_order;
+pub mod provider;
 
 use std::net::SocketAddr;
 
@@ -12,7 +17,8 @@ use saga::config::{DatabaseConfig, KafkaConfig, RetentionConfig};
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
-pub use charge_order::{ChargeOrder, PaymentPolicy};
+pub use charge_order::ChargeOrder;
+pub use provider::{Provider, ProviderConfig};
 
 pub const SERVICE: &str = "payment-service";
 
@@ -41,14 +47,13 @@ pub struct Config {
     /// Where `/health` listens; port 0 picks a free port.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8081")]
     pub http_addr: SocketAddr,
-    /// Orders above this amount (in cents) fail with reason `amount exceeds limit`.
-    #[arg(long, env = "PAYMENT_LIMIT_CENTS", default_value_t = 100_000)]
-    pub payment_limit_cents: i64,
+    #[command(flatten)]
+    pub provider: ProviderConfig,
 }
 
 pub struct Application {
     service: Service,
-    policy: PaymentPolicy,
+    provider: Provider,
 }
 
 impl Application {
@@ -63,10 +68,8 @@ impl Application {
             HISTORY_TABLE,
         )
         .await?;
-        let policy = PaymentPolicy {
-            limit_cents: config.payment_limit_cents,
-        };
-        Ok(Self { service, policy })
+        let provider = Provider::new(&config.provider)?;
+        Ok(Self { service, provider })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -75,7 +78,7 @@ impl Application {
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
-        let handler = ChargeOrder::new(topics.clone(), self.policy);
+        let handler = ChargeOrder::new(topics.clone(), self.provider);
         let subscription = Subscription {
             topic: topics.orders.clone(),
             handler,

@@ -1,18 +1,124 @@
-//! ChargeOrder against a real PostgreSQL: one payment per order, whatever is redelivered.
+//! ChargeOrder against a real PostgreSQL and a real card provider (payment-provider, its
+//! own database, over HTTP): one charge and one payment per order, whatever is
+//! redelivered, raced, or lost on the way back from the provider.
 
-use payment_service::{ChargeOrder, PaymentPolicy};
+use std::time::Duration;
+
+use payment_service::{ChargeOrder, Provider, ProviderConfig};
 use saga::events::ORDER_CREATED;
-use saga::{Applier, Envelope, Outcome, Topics};
+use saga::{Applier, Envelope, Outcome, Retry, Topics};
 use saga_testkit::TestDatabase;
-use serde_json::json;
+use saga_testkit::provider::ProviderAdmin;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-const LIMIT: PaymentPolicy = PaymentPolicy {
-    limit_cents: 100_000,
-};
+/// The provider's limit: above it a charge is declined.
+const LIMIT_CENTS: i64 = 100_000;
 
-async fn database() -> TestDatabase {
-    TestDatabase::migrated(payment_service::migrations, payment_service::HISTORY_TABLE).await
+/// payment-service's database and a provider of its own.
+struct Fixture {
+    db: TestDatabase,
+    provider: ProviderAdmin,
+    _provider_db: TestDatabase,
+    stop_provider: CancellationToken,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.stop_provider.cancel();
+    }
+}
+
+async fn fixture() -> Fixture {
+    let (db, provider_db) = tokio::join!(
+        TestDatabase::migrated(payment_service::migrations, payment_service::HISTORY_TABLE),
+        TestDatabase::empty()
+    );
+    let (url, stop_provider) = payment_provider::start_local(&provider_db.url, |config| {
+        config.payment_limit_cents = LIMIT_CENTS;
+    })
+    .await
+    .unwrap();
+    Fixture {
+        db,
+        provider: ProviderAdmin::new(url),
+        _provider_db: provider_db,
+        stop_provider,
+    }
+}
+
+impl Fixture {
+    fn handler(&self) -> Applier<ChargeOrder> {
+        self.handler_at(&self.provider.url)
+    }
+
+    fn handler_at(&self, provider_url: &str) -> Applier<ChargeOrder> {
+        let provider = Provider::new(&ProviderConfig {
+            provider_url: provider_url.to_owned(),
+            provider_connect_timeout: Duration::from_secs(1),
+            provider_timeout: Duration::from_millis(500),
+        })
+        .unwrap();
+        Applier::new(
+            self.db.pool.clone(),
+            ChargeOrder::new(Topics::new(""), provider),
+        )
+    }
+
+    async fn payments(&self, order_id: Uuid) -> i64 {
+        self.db
+            .count(
+                "SELECT count(*) FROM payments WHERE order_id = $1",
+                &[&order_id],
+            )
+            .await
+    }
+
+    async fn charge_id(&self, order_id: Uuid) -> Option<String> {
+        self.db
+            .client()
+            .await
+            .query_one(
+                "SELECT charge_id FROM payments WHERE order_id = $1",
+                &[&order_id],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    async fn results(&self, order_id: Uuid) -> Vec<(String, String)> {
+        self.db
+            .client()
+            .await
+            .query(
+                "SELECT event_id, type FROM outbox WHERE key = $1",
+                &[&order_id.to_string()],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect()
+    }
+
+    async fn charges(&self, order_id: Uuid) -> Vec<Value> {
+        self.provider.charges_for(&order_id.to_string()).await
+    }
+
+    /// Exactly one charge at the provider, for the order's amount, and the payment row
+    /// holds its id.
+    async fn charged_once(&self, order_id: Uuid, amount_cents: i64) {
+        let charges = self.charges(order_id).await;
+        assert_eq!(charges.len(), 1, "{charges:?}");
+        assert_eq!(charges[0]["amount_cents"], amount_cents);
+        assert_eq!(self.payments(order_id).await, 1);
+        assert_eq!(
+            self.charge_id(order_id).await.as_deref(),
+            charges[0]["id"].as_str()
+        );
+    }
 }
 
 fn order_created(id: &str, order_id: Uuid, amount_cents: i64) -> Envelope {
@@ -25,32 +131,10 @@ fn order_created(id: &str, order_id: Uuid, amount_cents: i64) -> Envelope {
     Envelope::from_slice(&raw).unwrap()
 }
 
-async fn payments(db: &TestDatabase, order_id: Uuid) -> i64 {
-    db.count(
-        "SELECT count(*) FROM payments WHERE order_id = $1",
-        &[&order_id],
-    )
-    .await
-}
-
-async fn results(db: &TestDatabase, order_id: Uuid) -> Vec<(String, String)> {
-    db.client()
-        .await
-        .query(
-            "SELECT event_id, type FROM outbox WHERE key = $1",
-            &[&order_id.to_string()],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect()
-}
-
 #[tokio::test]
 async fn an_order_within_the_limit_is_charged_and_the_result_id_derives_from_the_event() {
-    let db = database().await;
-    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let f = fixture().await;
+    let handler = f.handler();
     let order_id = Uuid::new_v4();
 
     let outcome = handler
@@ -60,18 +144,19 @@ async fn an_order_within_the_limit_is_charged_and_the_result_id_derives_from_the
 
     assert_eq!(outcome, Outcome::Applied);
     assert_eq!(
-        results(&db, order_id).await,
+        f.results(order_id).await,
         [(
             format!("{order_id}:payment"),
             "payment.succeeded".to_owned()
         )]
     );
+    f.charged_once(order_id, 2598).await;
 }
 
 #[tokio::test]
-async fn an_order_over_the_limit_fails_with_the_reason() {
-    let db = database().await;
-    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+async fn an_order_the_provider_declines_fails_with_the_providers_reason() {
+    let f = fixture().await;
+    let handler = f.handler();
     let order_id = Uuid::new_v4();
 
     handler
@@ -79,7 +164,7 @@ async fn an_order_over_the_limit_fails_with_the_reason() {
         .await
         .unwrap();
 
-    let client = db.client().await;
+    let client = f.db.client().await;
     let row = client
         .query_one(
             "SELECT status, reason FROM payments WHERE order_id = $1",
@@ -101,22 +186,35 @@ async fn an_order_over_the_limit_fails_with_the_reason() {
         .unwrap()
         .get(0);
     assert_eq!(payload["reason"], "amount exceeds limit");
+    let charges = f.charges(order_id).await;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0]["status"], "failed");
+    assert_eq!(
+        f.charge_id(order_id).await.as_deref(),
+        charges[0]["id"].as_str()
+    );
 }
 
 #[tokio::test]
 async fn the_same_event_twice_charges_once() {
-    let db = database().await;
-    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let f = fixture().await;
+    let handler = f.handler();
     let order_id = Uuid::new_v4();
     let event = order_created("created-1", order_id, 2598);
 
     assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
     assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Duplicate);
 
-    assert_eq!(payments(&db, order_id).await, 1);
-    assert_eq!(results(&db, order_id).await.len(), 1);
+    f.charged_once(order_id, 2598).await;
     assert_eq!(
-        db.count(
+        f.provider.stats().await["calls"],
+        1,
+        "a known duplicate makes no call"
+    );
+    assert_eq!(f.payments(order_id).await, 1);
+    assert_eq!(f.results(order_id).await.len(), 1);
+    assert_eq!(
+        f.db.count(
             "SELECT count(*) FROM processed_events WHERE event_id = 'created-1'",
             &[]
         )
@@ -129,24 +227,30 @@ async fn the_same_event_twice_charges_once() {
 /// row per order) stops it.
 #[tokio::test]
 async fn a_redelivery_after_its_id_was_pruned_charges_nothing() {
-    let db = database().await;
-    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let f = fixture().await;
+    let handler = f.handler();
     let order_id = Uuid::new_v4();
     let event = order_created("created-pruned", order_id, 2598);
     assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
 
-    assert_eq!(db.prune_inbox().await, 1);
+    assert_eq!(f.db.prune_inbox().await, 1);
     let outcome = handler.apply(&event).await.unwrap();
 
     assert_eq!(outcome, Outcome::Guarded);
-    assert_eq!(payments(&db, order_id).await, 1);
-    assert_eq!(results(&db, order_id).await.len(), 1);
+    assert_eq!(f.payments(order_id).await, 1);
+    assert_eq!(f.results(order_id).await.len(), 1);
+    f.charged_once(order_id, 2598).await;
+    assert_eq!(
+        f.provider.stats().await["calls"],
+        1,
+        "a charged order makes no call"
+    );
 }
 
 #[tokio::test]
 async fn a_second_order_created_with_a_new_id_does_not_charge_again() {
-    let db = database().await;
-    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let f = fixture().await;
+    let handler = f.handler();
     let order_id = Uuid::new_v4();
     handler
         .apply(&order_created("first", order_id, 2598))
@@ -159,16 +263,20 @@ async fn a_second_order_created_with_a_new_id_does_not_charge_again() {
         .unwrap();
 
     assert_eq!(outcome, Outcome::Guarded);
-    assert_eq!(payments(&db, order_id).await, 1);
-    assert_eq!(results(&db, order_id).await.len(), 1);
+    assert_eq!(f.payments(order_id).await, 1);
+    assert_eq!(f.results(order_id).await.len(), 1);
+    f.charged_once(order_id, 2598).await;
+    assert_eq!(
+        f.provider.stats().await["calls"],
+        1,
+        "a charged order makes no call"
+    );
 }
 
 #[tokio::test]
 async fn two_events_for_one_order_applied_concurrently_charge_exactly_once() {
-    let db = database().await;
-    let topics = Topics::new("");
-    let a = Applier::new(db.pool.clone(), ChargeOrder::new(topics.clone(), LIMIT));
-    let b = Applier::new(db.pool.clone(), ChargeOrder::new(topics, LIMIT));
+    let f = fixture().await;
+    let (a, b) = (f.handler(), f.handler());
     for round in 0..60 {
         let order_id = Uuid::new_v4();
         let first = order_created(&format!("a-{round}"), order_id, 2598);
@@ -179,15 +287,15 @@ async fn two_events_for_one_order_applied_concurrently_charge_exactly_once() {
         outcomes.sort();
 
         assert_eq!(outcomes, ["applied", "guarded"], "round {round}");
-        assert_eq!(payments(&db, order_id).await, 1, "round {round}");
-        assert_eq!(results(&db, order_id).await.len(), 1, "round {round}");
+        assert_eq!(f.results(order_id).await.len(), 1, "round {round}");
+        f.charged_once(order_id, 2598).await;
     }
 }
 
 #[tokio::test]
 async fn outcome_events_on_the_shared_topic_are_ignored() {
-    let db = database().await;
-    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let f = fixture().await;
+    let handler = f.handler();
     let order_id = Uuid::new_v4();
     let raw = saga_testkit::envelope(
         "o:outcome",
@@ -202,13 +310,13 @@ async fn outcome_events_on_the_shared_topic_are_ignored() {
         .unwrap();
 
     assert_eq!(outcome, Outcome::Ignored);
-    assert_eq!(payments(&db, order_id).await, 0);
+    assert_eq!(f.payments(order_id).await, 0);
 }
 
 #[tokio::test]
 async fn a_payload_missing_a_field_is_rejected_naming_it() {
-    let db = database().await;
-    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let f = fixture().await;
+    let handler = f.handler();
     let order_id = Uuid::new_v4();
     let raw = saga_testkit::envelope(
         "x",
@@ -228,8 +336,8 @@ async fn a_payload_missing_a_field_is_rejected_naming_it() {
 
 #[tokio::test]
 async fn a_batch_dedupes_and_guards_each_event_on_its_own() {
-    let db = database().await;
-    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let f = fixture().await;
+    let handler = f.handler();
     let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
     let batch = [
         order_created("a-1", a, 2598),
@@ -249,13 +357,13 @@ async fn a_batch_dedupes_and_guards_each_event_on_its_own() {
             Outcome::Applied
         ]
     );
-    assert_eq!(payments(&db, a).await, 1);
+    assert_eq!(f.payments(a).await, 1);
     assert_eq!(
-        results(&db, a).await,
+        f.results(a).await,
         [("a-1:payment".to_owned(), "payment.succeeded".to_owned())]
     );
     assert_eq!(
-        results(&db, b).await,
+        f.results(b).await,
         [("b-1:payment".to_owned(), "payment.failed".to_owned())]
     );
     // The batch's repeats are absorbed again when it is redelivered whole.
@@ -263,17 +371,18 @@ async fn a_batch_dedupes_and_guards_each_event_on_its_own() {
         handler.apply_batch(&batch).await.unwrap(),
         [Outcome::Duplicate; 4]
     );
-    assert_eq!(payments(&db, a).await, 1);
+    f.charged_once(a, 2598).await;
+    f.charged_once(b, 129_900).await;
 }
 
 #[tokio::test]
 async fn a_batch_that_fails_part_way_commits_none_of_its_events() {
-    let db = database().await;
-    let handler = Applier::new(db.pool.clone(), ChargeOrder::new(Topics::new(""), LIMIT));
+    let f = fixture().await;
+    let handler = f.handler();
     let (a, c) = (Uuid::new_v4(), Uuid::new_v4());
     // An outbox row already holds the id the second event's result would take: its
     // insert fails inside the batch's transaction, after the first event was applied.
-    db.client()
+    f.db.client()
         .await
         .execute(
             "INSERT INTO outbox (event_id, topic, key, type, payload)
@@ -289,14 +398,10 @@ async fn a_batch_that_fails_part_way_commits_none_of_its_events() {
         .unwrap_err();
 
     assert!(error.to_string().contains("outbox"), "{error}");
+    assert_eq!(f.payments(a).await, 0, "the first event's payment stayed");
+    assert_eq!(f.results(a).await, []);
     assert_eq!(
-        payments(&db, a).await,
-        0,
-        "the first event's payment stayed"
-    );
-    assert_eq!(results(&db, a).await, []);
-    assert_eq!(
-        db.count(
+        f.db.count(
             "SELECT count(*) FROM processed_events WHERE event_id = 'a'",
             &[]
         )
@@ -304,14 +409,20 @@ async fn a_batch_that_fails_part_way_commits_none_of_its_events() {
         0,
         "the first event's id stayed recorded: its redelivery would be skipped"
     );
+    // The provider charged before the transaction; the rollback could not undo that. The
+    // event applied again asks with the same key and records that very charge.
+    assert_eq!(f.charges(a).await.len(), 1);
+    assert_eq!(
+        handler.apply(&order_created("a", a, 2598)).await.unwrap(),
+        Outcome::Applied
+    );
+    f.charged_once(a, 2598).await;
 }
 
 #[tokio::test]
 async fn two_batches_for_the_same_orders_applied_concurrently_charge_each_once() {
-    let db = database().await;
-    let topics = Topics::new("");
-    let a = Applier::new(db.pool.clone(), ChargeOrder::new(topics.clone(), LIMIT));
-    let b = Applier::new(db.pool.clone(), ChargeOrder::new(topics, LIMIT));
+    let f = fixture().await;
+    let (a, b) = (f.handler(), f.handler());
     for round in 0..20 {
         let orders: Vec<Uuid> = (0..8).map(|_| Uuid::new_v4()).collect();
         let first: Vec<Envelope> = orders
@@ -330,8 +441,156 @@ async fn two_batches_for_the_same_orders_applied_concurrently_charge_each_once()
             let mut outcomes = [x[n].as_str(), y[n].as_str()];
             outcomes.sort();
             assert_eq!(outcomes, ["applied", "guarded"], "round {round}, order {n}");
-            assert_eq!(payments(&db, *order_id).await, 1, "round {round}");
-            assert_eq!(results(&db, *order_id).await.len(), 1, "round {round}");
+            assert_eq!(f.results(*order_id).await.len(), 1, "round {round}");
+            f.charged_once(*order_id, 2598).await;
         }
     }
+}
+
+/// The provider commits the charge and drops the connection before answering: the call
+/// fails as transient, nothing is recorded, and the retry (same key) gets the first
+/// charge back.
+#[tokio::test]
+async fn a_lost_answer_and_the_retry_record_the_first_charge_once() {
+    let f = fixture().await;
+    let handler = f.handler();
+    for round in 0..5 {
+        let order_id = Uuid::new_v4();
+        let event = order_created(&order_id.to_string(), order_id, 2598);
+        f.provider
+            .arm(json!({"kind": "lose-response", "next": 1}))
+            .await;
+
+        let error = handler.apply(&event).await.unwrap_err();
+        assert_eq!(error.retry(), Retry::UntilItWorks, "round {round}: {error}");
+        assert_eq!(
+            f.charges(order_id).await.len(),
+            1,
+            "round {round}: the charge is made"
+        );
+        assert_eq!(f.payments(order_id).await, 0, "round {round}");
+
+        assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
+        f.charged_once(order_id, 2598).await;
+    }
+    let stats = f.provider.stats().await;
+    assert_eq!(
+        (stats["lost_responses"].as_u64(), stats["replayed"].as_u64()),
+        (Some(5), Some(5))
+    );
+}
+
+/// Down (503) or not even listening: each attempt fails as transient (the consumer
+/// retries those for as long as it takes, never dead-letters them), and none decides
+/// anything: no payment, no result, no `payment.failed`.
+#[tokio::test]
+async fn a_provider_that_is_down_is_waited_out_and_decides_nothing_meanwhile() {
+    let f = fixture().await;
+    let order_id = Uuid::new_v4();
+    let event = order_created(&order_id.to_string(), order_id, 2598);
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let error = f.handler_at(&nowhere).apply(&event).await.unwrap_err();
+    assert_eq!(error.retry(), Retry::UntilItWorks, "{error}");
+
+    f.provider
+        .arm(json!({"kind": "unavailable", "next": 3}))
+        .await;
+    let handler = f.handler();
+    for _ in 0..3 {
+        let error = handler.apply(&event).await.unwrap_err();
+        assert_eq!(error.retry(), Retry::UntilItWorks, "{error}");
+        assert!(error.to_string().contains("503"), "{error}");
+    }
+    assert_eq!(f.payments(order_id).await, 0);
+    assert!(f.results(order_id).await.is_empty());
+    assert!(f.charges(order_id).await.is_empty());
+
+    assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
+    f.charged_once(order_id, 2598).await;
+}
+
+/// Slower than payment-service's timeout: the call is given up on and made again with the
+/// same key, and the order is charged once.
+#[tokio::test]
+async fn a_provider_slower_than_the_timeout_is_asked_again_and_charges_once() {
+    let f = fixture().await;
+    let handler = f.handler();
+    let order_id = Uuid::new_v4();
+    let event = order_created(&order_id.to_string(), order_id, 2598);
+    f.provider
+        .arm(json!({"kind": "slow", "delay_ms": 1500, "next": 1}))
+        .await;
+
+    let error = handler.apply(&event).await.unwrap_err();
+    assert_eq!(error.retry(), Retry::UntilItWorks, "{error}");
+    let outcome = saga_testkit::eventually(
+        Duration::from_secs(10),
+        "the retry to be answered",
+        || async {
+            match handler.apply(&event).await {
+                Ok(outcome) => Some(outcome),
+                // 409: the slow first call still holds the key.
+                Err(error) if error.retry() == Retry::UntilItWorks => None,
+                Err(error) => panic!("{error}"),
+            }
+        },
+    )
+    .await;
+    assert_eq!(outcome, Outcome::Applied);
+    f.charged_once(order_id, 2598).await;
+}
+
+/// A request the provider calls wrong cannot become right by asking again: rejected (the
+/// consumer dead-letters it at once) with the provider's answer as the reason.
+#[tokio::test]
+async fn a_request_the_provider_refuses_as_wrong_is_rejected_with_its_answer() {
+    let f = fixture().await;
+    let order_id = Uuid::new_v4();
+
+    let error = f
+        .handler()
+        .apply(&order_created(&order_id.to_string(), order_id, 0))
+        .await
+        .unwrap_err();
+
+    assert_eq!(error.retry(), Retry::Never);
+    let reason = error.to_string();
+    assert!(
+        reason.contains("400") && reason.contains("amount_cents"),
+        "{reason}"
+    );
+    assert_eq!(f.payments(order_id).await, 0);
+}
+
+/// The order's key already charged another amount (a hand-made `order.created` with
+/// another id and amount, say): the provider refuses the key's reuse, and so the event.
+#[tokio::test]
+async fn an_order_whose_key_charged_another_amount_is_rejected_not_charged_again() {
+    let f = fixture().await;
+    let order_id = Uuid::new_v4();
+    let key = payment_service::charge_order::charge_key(order_id);
+    let (status, _) = f
+        .provider
+        .charge(
+            &key,
+            &json!({"amount_cents": 1, "currency": "usd", "reference": order_id}),
+        )
+        .await;
+    assert_eq!(status, 201);
+
+    let error = f
+        .handler()
+        .apply(&order_created(&order_id.to_string(), order_id, 2598))
+        .await
+        .unwrap_err();
+
+    assert_eq!(error.retry(), Retry::Never);
+    assert!(
+        error.to_string().contains("idempotency_key_reused"),
+        "{error}"
+    );
+    assert_eq!(f.charges(order_id).await.len(), 1);
 }

@@ -14,6 +14,11 @@
 //!   its `order.created` row and its idempotency key are written, before `COMMIT`. The
 //!   client gets no answer and retries; with the same key it places the order once.
 //!
+//! One is not a crash but a bug on purpose, to show what a guard is for:
+//! [`FRESH_CHARGE_KEY`] makes payment-service send a new idempotency key on every call to
+//! the card provider, so that a lost answer followed by the retry charges twice, and the
+//! fault suite's checker must say so.
+//!
 //! They are off unless the `FAILPOINTS` environment variable arms them when the service
 //! starts, in the syntax of the `fail` crate: `name=actions;name=actions`. The action
 //! that matters is `return`, which **aborts the process** (SIGABRT: no destructors, no
@@ -36,11 +41,16 @@ pub const HANDLER_BEFORE_COMMIT: &str = "handler.before-commit";
 /// In the transaction of an order placed over HTTP, after its writes, before commit.
 pub const API_BEFORE_COMMIT: &str = "api.before-commit";
 
-const ALL: [&str; 4] = [
+/// Not a crash: while armed (`return`), payment-service sends a fresh idempotency key on
+/// each call to the provider instead of the order's one.
+pub const FRESH_CHARGE_KEY: &str = "charge.fresh-key";
+
+const ALL: [&str; 5] = [
     CONSUMER_AFTER_HANDLER,
     RELAY_AFTER_ACK,
     HANDLER_BEFORE_COMMIT,
     API_BEFORE_COMMIT,
+    FRESH_CHARGE_KEY,
 ];
 
 /// Arms the failpoints that `FAILPOINTS` names. An unknown name or a malformed action is
@@ -67,7 +77,7 @@ pub fn arm(spec: &str) -> anyhow::Result<()> {
         tracing::warn!(
             failpoint = name,
             actions,
-            "failpoint armed: this process will abort on purpose"
+            "failpoint armed: this process misbehaves on purpose"
         );
     }
     Ok(())
@@ -80,6 +90,12 @@ pub fn crash_point(name: &str) {
         tracing::error!(failpoint = name, "failpoint reached: aborting the process");
         std::process::abort()
     });
+}
+
+/// Whether the failpoint `name` is armed and its actions say `return` for this hit: for
+/// the failpoints that change behaviour instead of crashing.
+pub fn fires(name: &str) -> bool {
+    fail::eval(name, |_| ()).is_some()
 }
 
 /// [`crash_point`] for `records` records passing `name` together (a consumer's batch,

@@ -1,14 +1,17 @@
 //! What a consumer asks of the code that applies an event, and what it gets back.
 //!
-//! A handler applies an event inside a database transaction and says how it went
-//! ([`Outcome`]), or fails with a [`HandlerError`] whose [`Retry`] class decides what the
-//! consumer does next: retry with backoff, retry a few times, or dead-letter at once.
+//! A handler applies an event in three steps: it decodes the event (no database), prepares
+//! what must happen outside any transaction (a call to another system, which no rollback
+//! could undo), and applies it inside a database transaction it is handed. It says how it
+//! went ([`Outcome`]), or fails with a [`HandlerError`] whose [`Retry`] class decides what
+//! the consumer does next: retry with backoff, retry a few times, or dead-letter at once.
 //! [`Applier`] owns the transactions: one per event, or one per batch of a partition's
 //! events.
 
 use std::future::Future;
 
 use deadpool_postgres::{Pool, Transaction};
+use futures::future::try_join_all;
 
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::failpoint;
@@ -49,6 +52,10 @@ pub enum HandlerError {
     Database(#[from] tokio_postgres::Error),
     #[error("database pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
+    /// Another system the handler calls is down, slow or overloaded, or its answer was
+    /// lost: it is asked again, the same way, until it answers.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl From<EnvelopeError> for HandlerError {
@@ -78,7 +85,7 @@ impl HandlerError {
     pub fn retry(&self) -> Retry {
         match self {
             HandlerError::Rejected(_) => Retry::Never,
-            HandlerError::Pool(_) => Retry::UntilItWorks,
+            HandlerError::Pool(_) | HandlerError::Unavailable(_) => Retry::UntilItWorks,
             HandlerError::Database(error) => classify_postgres(error),
         }
     }
@@ -113,18 +120,46 @@ pub fn classify_postgres(error: &tokio_postgres::Error) -> Retry {
     }
 }
 
-/// Applies events of one topic. A handler is split in two so the caller owns the
-/// transaction: [`decode`](Handler::decode) reads the event alone (no database), and
-/// [`apply`](Handler::apply) runs the guards and the state change inside a transaction it
-/// is handed. That lets [`Applier`] run one event per transaction, or several events of a
-/// partition in one, with the same handler code.
+/// What [`Handler::prepare`] decided.
+#[derive(Debug)]
+pub enum Step<T> {
+    /// Apply this in the transaction.
+    Apply(T),
+    /// The event is done without a transaction (a duplicate known before any call).
+    Done(Outcome),
+}
+
+/// Applies events of one topic. A handler is split in three so the caller owns the
+/// transaction: [`decode`](Handler::decode) reads the event alone (no database),
+/// [`prepare`](Handler::prepare) does what must happen before the transaction and outside
+/// it, and [`apply`](Handler::apply) runs the guards and the state change inside a
+/// transaction it is handed. That lets [`Applier`] run one event per transaction, or
+/// several events of a partition in one, with the same handler code.
 pub trait Handler: Send + Sync + 'static {
     /// What an event asks of this consumer, once read and checked.
     type Command: Send + Sync;
+    /// What [`apply`](Handler::apply) is handed: the command, and whatever
+    /// [`prepare`](Handler::prepare) learnt. The command itself when nothing leaves the
+    /// database.
+    type Prepared: Send + Sync;
 
     /// `Ok(None)` for an event this consumer has no business with; [`HandlerError::Rejected`]
     /// for one it can never apply (unknown type, a payload that does not decode).
     fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError>;
+
+    /// Runs before the transaction opens, holding no connection while it waits on anything
+    /// else: the place for a call to another system, whose effect no rollback undoes. Such
+    /// a call may therefore happen more than once for one event (a crash or a failed
+    /// commit after it, a redelivery, a retry), so it must be one the other side makes
+    /// idempotent, with a key derived from the event. It may read `pool` first, so that a
+    /// known duplicate makes no call at all. An error is retried like any other: the
+    /// whole event again, `prepare` included.
+    fn prepare(
+        &self,
+        pool: &Pool,
+        event: &Envelope,
+        command: Self::Command,
+    ) -> impl Future<Output = Result<Step<Self::Prepared>, HandlerError>> + Send;
 
     /// Guard 1 (the event id into `processed_events`), guard 2 (the aggregate's state,
     /// locked), then the state change and its outbox row. The caller commits when this
@@ -134,7 +169,7 @@ pub trait Handler: Send + Sync + 'static {
         &self,
         tx: &Transaction<'_>,
         event: &Envelope,
-        command: Self::Command,
+        prepared: Self::Prepared,
     ) -> impl Future<Output = Result<Outcome, HandlerError>> + Send;
 }
 
@@ -154,9 +189,13 @@ impl<H: Handler> Applier<H> {
         let Some(command) = self.handler.decode(event)? else {
             return Ok(Outcome::Ignored);
         };
+        let prepared = match self.handler.prepare(&self.pool, event, command).await? {
+            Step::Apply(prepared) => prepared,
+            Step::Done(outcome) => return Ok(outcome),
+        };
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let outcome = self.handler.apply(&tx, event, command).await?;
+        let outcome = self.handler.apply(&tx, event, prepared).await?;
         failpoint::crash_point(failpoint::HANDLER_BEFORE_COMMIT);
         tx.commit().await?;
         Ok(outcome)
@@ -167,22 +206,50 @@ impl<H: Handler> Applier<H> {
     /// on its own, in order, so a later event sees what an earlier one of the batch did.
     /// All or nothing: an error, from any event, rolls the whole batch back and names no
     /// event; the caller applies them one at a time to find it.
+    ///
+    /// The events are prepared together before the transaction opens, each seeing only
+    /// what was committed before the batch: a remote call per event need not wait for the
+    /// one before it.
     pub async fn apply_batch(&self, events: &[Envelope]) -> Result<Vec<Outcome>, HandlerError> {
         let commands = events
             .iter()
             .map(|event| self.handler.decode(event))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut outcomes = vec![Outcome::Ignored; events.len()];
-        let to_apply = commands.iter().flatten().count();
-        if to_apply == 0 {
+        let steps = try_join_all(
+            events
+                .iter()
+                .zip(commands)
+                .map(|(event, command)| async move {
+                    match command {
+                        Some(command) => self.handler.prepare(&self.pool, event, command).await,
+                        None => Ok(Step::Done(Outcome::Ignored)),
+                    }
+                }),
+        )
+        .await?;
+        // Nothing to apply (every event ignored, or done before its call): no transaction.
+        let done = steps
+            .iter()
+            .map(|step| match step {
+                Step::Done(outcome) => Some(*outcome),
+                Step::Apply(_) => None,
+            })
+            .collect::<Option<Vec<_>>>();
+        if let Some(outcomes) = done {
             return Ok(outcomes);
         }
+        let to_apply = steps
+            .iter()
+            .filter(|step| matches!(step, Step::Apply(_)))
+            .count();
+        let mut outcomes = Vec::with_capacity(events.len());
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        for ((event, command), outcome) in events.iter().zip(commands).zip(&mut outcomes) {
-            if let Some(command) = command {
-                *outcome = self.handler.apply(&tx, event, command).await?;
-            }
+        for (event, step) in events.iter().zip(steps) {
+            outcomes.push(match step {
+                Step::Apply(prepared) => self.handler.apply(&tx, event, prepared).await?,
+                Step::Done(outcome) => outcome,
+            });
         }
         failpoint::crash_point_for(failpoint::HANDLER_BEFORE_COMMIT, to_apply);
         tx.commit().await?;

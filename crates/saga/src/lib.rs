@@ -3,8 +3,9 @@
 //!
 //! - [`envelope`]: the wire format, and parse errors that say what is wrong.
 //! - [`events`]: the event catalog: types, payloads, deterministic ids.
-//! - [`handler`]: the [`Handler`] a service writes (decode, then guards and state change
-//!   inside a transaction it is handed), the [`Applier`] that owns those transactions (one
+//! - [`handler`]: the [`Handler`] a service writes (decode; prepare, outside any
+//!   transaction, for a call to another system; then guards and state change inside a
+//!   transaction it is handed), the [`Applier`] that owns those transactions (one
 //!   per event, or one per batch), what applying returns ([`Outcome`]) and how a failure
 //!   is retried ([`Retry`]).
 //! - [`consumer`]: the loop: per-partition order, offset stored after the handler,
@@ -46,6 +47,6 @@ pub mod shutdown;
 pub mod telemetry;
 
 pub use envelope::{Envelope, EnvelopeError};
-pub use handler::{Applier, Handler, HandlerError, Outcome, Retry};
+pub use handler::{Applier, Handler, HandlerError, Outcome, Retry, Step};
 pub use kafka::Topics;
 pub use outbox::OutboxRelay;

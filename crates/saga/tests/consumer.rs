@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{Pool, Transaction};
 use futures::future::BoxFuture;
 use rdkafka::message::Message;
 use saga::consumer::{self, ConsumerSettings};
-use saga::{Applier, Envelope, Handler, HandlerError, Outcome};
+use saga::{Applier, Envelope, Handler, HandlerError, Outcome, Step};
 use saga_testkit::{TestDatabase, TestKafka, eventually, header};
 use serde_json::json;
 use tokio::sync::Semaphore;
@@ -88,9 +88,14 @@ impl Recorder {
 
 impl Handler for Recorder {
     type Command = ();
+    type Prepared = ();
 
     fn decode(&self, _: &Envelope) -> Result<Option<()>, HandlerError> {
         Ok(Some(()))
+    }
+
+    async fn prepare(&self, _: &Pool, _: &Envelope, (): ()) -> Result<Step<()>, HandlerError> {
+        Ok(Step::Apply(()))
     }
 
     async fn apply(

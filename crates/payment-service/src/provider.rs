@@ -1,0 +1,144 @@
+//! The card provider, as payment-service calls it: `POST /v1/charges` with an
+//! `Idempotency-Key`, over HTTP, outside any transaction.
+//!
+//! What an answer means for the event that asked for it:
+//! - `201`: charged; `402`: declined, a decided failure with the provider's reason.
+//! - A timeout, a connection error (refused, or cut before the answer: the charge may
+//!   have been made), `408`, `409` (the same key still running), `425`, `429` and `5xx`:
+//!   the provider is briefly unavailable. The call is made again, with the same key, for
+//!   as long as it takes: a charge made by a lost call is then answered by its replay.
+//! - Any other `4xx`: the request itself is wrong, and asking again cannot help: the
+//!   event is dead-lettered with the provider's answer as the reason.
+
+use std::time::Duration;
+
+use clap::Args;
+use reqwest::StatusCode;
+use saga::HandlerError;
+use saga::idempotency;
+use serde::Serialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Args)]
+pub struct ProviderConfig {
+    /// Base URL of the card provider (payment-provider).
+    #[arg(long, env = "PROVIDER_URL", default_value = "http://127.0.0.1:8083")]
+    pub provider_url: String,
+
+    /// How long to wait for the provider to accept a connection.
+    #[arg(long, env = "PROVIDER_CONNECT_TIMEOUT", default_value = "1s",
+          value_parser = humantime::parse_duration)]
+    pub provider_connect_timeout: Duration,
+
+    /// The longest a charge call may take, answer included. Past it the call counts as
+    /// lost, and is made again with the same key.
+    #[arg(long, env = "PROVIDER_TIMEOUT", default_value = "5s",
+          value_parser = humantime::parse_duration)]
+    pub provider_timeout: Duration,
+}
+
+/// What the merchant asks for.
+#[derive(Debug, Serialize)]
+pub struct ChargeRequest<'a> {
+    pub amount_cents: i64,
+    pub currency: &'a str,
+    /// The order id: the provider lists an order's charges by it.
+    pub reference: String,
+}
+
+/// The provider's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Charged {
+        charge_id: String,
+        /// The provider answered with the stored answer of the key: an earlier call was
+        /// made and its answer lost.
+        replayed: bool,
+    },
+    Declined {
+        charge_id: Option<String>,
+        reason: String,
+        replayed: bool,
+    },
+}
+
+pub struct Provider {
+    http: reqwest::Client,
+    charges_url: String,
+}
+
+impl Provider {
+    pub fn new(config: &ProviderConfig) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.provider_connect_timeout)
+            .timeout(config.provider_timeout)
+            .build()?;
+        Ok(Self {
+            http,
+            charges_url: format!("{}/v1/charges", config.provider_url.trim_end_matches('/')),
+        })
+    }
+
+    /// Asks for a charge under `key`; every call for one order must send the same key.
+    pub async fn charge(
+        &self,
+        key: &str,
+        request: &ChargeRequest<'_>,
+    ) -> Result<Answer, HandlerError> {
+        let unavailable = |what: String| HandlerError::Unavailable(format!("provider: {what}"));
+        let response = self
+            .http
+            .post(&self.charges_url)
+            .header(idempotency::HEADER, key)
+            .json(request)
+            .send()
+            .await
+            .map_err(|error| unavailable(describe(&error)))?;
+        let status = response.status();
+        let replayed = response.headers().contains_key(idempotency::REPLAYED);
+        let body = response.text().await.map_err(|error| {
+            unavailable(format!("{status}, answer cut short: {}", describe(&error)))
+        })?;
+        let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        match status {
+            StatusCode::CREATED => match json["id"].as_str() {
+                Some(id) => Ok(Answer::Charged {
+                    charge_id: id.to_owned(),
+                    replayed,
+                }),
+                None => Err(HandlerError::rejected(format!(
+                    "provider answered 201 without a charge id: {body}"
+                ))),
+            },
+            StatusCode::PAYMENT_REQUIRED => Ok(Answer::Declined {
+                charge_id: json["error"]["charge"].as_str().map(str::to_owned),
+                reason: json["error"]["message"]
+                    .as_str()
+                    .unwrap_or("declined by the provider")
+                    .to_owned(),
+                replayed,
+            }),
+            StatusCode::REQUEST_TIMEOUT
+            | StatusCode::CONFLICT
+            | StatusCode::TOO_EARLY
+            | StatusCode::TOO_MANY_REQUESTS => Err(unavailable(format!("{status}: {body}"))),
+            status if status.is_server_error() => Err(unavailable(format!("{status}: {body}"))),
+            status => Err(HandlerError::rejected(format!(
+                "provider refused the charge request: {status}: {body}"
+            ))),
+        }
+    }
+}
+
+/// reqwest's `Display` names only the URL; the cause (timed out, refused, closed before
+/// the answer) is what tells an operator what happened.
+fn describe(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
