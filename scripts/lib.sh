@@ -31,7 +31,7 @@ PG_HOST="${PG_HOST:-127.0.0.1}"
 PG_PORT="${PG_PORT:-5432}"
 PG_USER=saga
 PG_PASSWORD=saga
-PG_DATABASES=(orders payments notifications)
+PG_DATABASES=(orders payments notifications provider)
 
 # Every topic the services use, with the dead-letter topic of each consumer
 # (named <source topic>.<consuming service>.dlq). The broker refuses to
@@ -160,15 +160,18 @@ kafka_java_cmd() {
   )
 }
 
-# The three services: binary name, database, HTTP port. The same names, ports
-# and environment variables as docker-compose.yml.
-SERVICES=(order-service payment-service notification-service)
+# The services: binary name, database, HTTP port. The same names, ports and
+# environment variables as docker-compose.yml. payment-provider is the stand-in
+# card processor payment-service calls; it comes first so that it is up when the
+# first charge is asked for (payment-service waits it out if it is not).
+SERVICES=(payment-provider order-service payment-service notification-service)
 
 service_database() {
   case "$1" in
     order-service) echo orders ;;
     payment-service) echo payments ;;
     notification-service) echo notifications ;;
+    payment-provider) echo provider ;;
     *) die "no service $1" ;;
   esac
 }
@@ -178,6 +181,7 @@ service_port() {
     order-service) echo 8080 ;;
     payment-service) echo 8081 ;;
     notification-service) echo 8082 ;;
+    payment-provider) echo 8083 ;;
     *) die "no service $1" ;;
   esac
 }

@@ -1,5 +1,5 @@
-//! What must hold after any fault, checked from the outside: the three databases, the
-//! topics, and the services' own logs. [`check`] waits until the saga is quiet, then
+//! What must hold after any fault, checked from the outside: the databases (the three
+//! services' and the card provider's), the topics, and the services' own logs. [`check`] waits until the saga is quiet, then
 //! collects every violation rather than stopping at the first, and counts what it saw
 //! for the scenario's report.
 //!
@@ -10,6 +10,10 @@
 //!   with the order's `Idempotency-Key`) given it back.
 //! - **One payment, one outcome event, one notification per order**, each matching the
 //!   order's status, each announced by exactly one outbox row, every outbox row published.
+//! - **One charge per order at the provider**, for the order's amount, succeeded for a
+//!   confirmed order and declined for a cancelled one, its id the one the payment holds;
+//!   and no charge for an order the saga never saw. The provider's charges are the one
+//!   effect no rollback of ours can undo: a second one is a customer charged twice.
 //! - **The inbox agrees with the logs**: every event logged as applied or guarded is in
 //!   its service's `processed_events`, every id there was logged as handled, and no event
 //!   passed guard 1 twice (a redelivery must be stopped as a duplicate).
@@ -28,9 +32,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use saga_testkit::{eventually, header};
 use uuid::Uuid;
 
-use crate::{SERVICES, Stack};
+use crate::{PAYMENT_PROVIDER, SERVICES, Stack};
 
-/// payment-service's default limit: above it, an order is cancelled.
+/// The provider's default limit: above it, a charge is declined and the order cancelled.
 pub const PAYMENT_LIMIT_CENTS: i64 = 100_000;
 
 /// What a scenario expects beyond the invariants every scenario shares.
@@ -102,6 +106,11 @@ pub struct Findings {
     /// Orders with a second payment, outcome or notification, and events that passed the
     /// dedupe guard twice.
     pub applied_twice: usize,
+    /// Orders charged more than once at the provider, and charges for orders the saga
+    /// never saw.
+    pub charged_twice: usize,
+    /// What the provider counted (`GET /admin/stats`): calls, replays, lost responses.
+    pub provider: serde_json::Value,
     pub poison_dead_lettered: usize,
     pub violations: Vec<String>,
 }
@@ -161,23 +170,35 @@ impl Findings {
             self.guarded(),
             self.poison_dead_lettered
         ));
+        let stat = |name: &str| self.provider[name].as_u64().unwrap_or(0);
         out.push_str(&format!(
-            "violations {}\nlost: {}, applied twice: {}\n",
+            "provider   {} calls: {} charged, {} declined, {} replayed to a retry; {} answers lost on purpose and absorbed, {} refused while unavailable\n",
+            stat("calls"),
+            stat("charged"),
+            stat("declined"),
+            stat("replayed"),
+            stat("lost_responses"),
+            stat("unavailable"),
+        ));
+        out.push_str(&format!(
+            "violations {}\nlost: {}, applied twice: {}, charged twice: {}\n",
             self.violations.len(),
             self.lost,
-            self.applied_twice
+            self.applied_twice,
+            self.charged_twice
         ));
         println!("{out}");
         if let Ok(path) = std::env::var("SAGA_FAULT_REPORT") {
             use std::io::Write as _;
             let row = format!(
-                "| {scenario} | {} | {injected} | {} ({} duplicate, {} guarded) | {} | {} |\n",
+                "| {scenario} | {} | {injected} | {} ({} duplicate, {} guarded) | {} | {} | {} |\n",
                 self.orders,
                 self.duplicates() + self.guarded(),
                 self.duplicates(),
                 self.guarded(),
                 self.lost,
-                self.applied_twice
+                self.applied_twice,
+                self.charged_twice
             );
             std::fs::OpenOptions::new()
                 .create(true)
@@ -191,11 +212,15 @@ impl Findings {
     /// Fails the test listing every violation.
     pub fn assert_holds(&self) {
         assert!(
-            self.violations.is_empty() && self.lost == 0 && self.applied_twice == 0,
-            "{} violations (lost: {}, applied twice: {}):\n{}",
+            self.violations.is_empty()
+                && self.lost == 0
+                && self.applied_twice == 0
+                && self.charged_twice == 0,
+            "{} violations (lost: {}, applied twice: {}, charged twice: {}):\n{}",
             self.violations.len(),
             self.lost,
             self.applied_twice,
+            self.charged_twice,
             self.violations
                 .iter()
                 .take(40)
@@ -392,6 +417,7 @@ pub async fn check(stack: &Stack, expected: &Expected, timeout: Duration) -> Fin
     let handled = HandledLog::read(stack);
     check_inboxes(&db, &handled, expected.inbox_pruned, &mut findings);
     check_records(stack, expected, &handled, &mut findings).await;
+    findings.provider = stack.provider().stats().await;
     findings
 }
 
@@ -410,6 +436,15 @@ struct Effect {
     event_id: String,
     status: String,
     amount_cents: Option<i64>,
+    /// A payment's charge at the provider.
+    charge_id: Option<String>,
+}
+
+/// A charge the provider made.
+struct ProviderCharge {
+    id: String,
+    status: String,
+    amount_cents: i64,
 }
 
 /// The three databases' rows, read once.
@@ -417,6 +452,8 @@ struct Databases {
     orders: HashMap<Uuid, Order>,
     payments: HashMap<Uuid, Vec<Effect>>,
     notifications: HashMap<Uuid, Vec<Effect>>,
+    /// The provider's charges by reference (the order id, as payment-service sends it).
+    charges: HashMap<String, Vec<ProviderCharge>>,
     outboxes: HashMap<&'static str, Vec<OutboxRow>>,
     inboxes: HashMap<&'static str, HashSet<String>>,
     unpublished: HashMap<&'static str, i64>,
@@ -445,7 +482,7 @@ impl Databases {
         for r in rows(
             stack,
             crate::PAYMENT_SERVICE,
-            "SELECT order_id, event_id, status, amount_cents FROM payments",
+            "SELECT order_id, event_id, status, amount_cents, charge_id FROM payments",
         )
         .await
         {
@@ -453,6 +490,21 @@ impl Databases {
                 event_id: r.get(1),
                 status: r.get(2),
                 amount_cents: Some(r.get(3)),
+                charge_id: r.get(4),
+            });
+        }
+        let mut charges: HashMap<String, Vec<ProviderCharge>> = HashMap::new();
+        for r in rows(
+            stack,
+            PAYMENT_PROVIDER,
+            "SELECT reference, id, status, amount_cents FROM charges",
+        )
+        .await
+        {
+            charges.entry(r.get(0)).or_default().push(ProviderCharge {
+                id: r.get(1),
+                status: r.get(2),
+                amount_cents: r.get(3),
             });
         }
         let mut notifications: HashMap<Uuid, Vec<Effect>> = HashMap::new();
@@ -467,6 +519,7 @@ impl Databases {
                 event_id: r.get(1),
                 status: r.get(2),
                 amount_cents: None,
+                charge_id: None,
             });
         }
         let mut outboxes = HashMap::new();
@@ -501,6 +554,7 @@ impl Databases {
             orders,
             payments,
             notifications,
+            charges,
             outboxes,
             inboxes,
             unpublished,
@@ -535,6 +589,7 @@ fn check_orders(db: &Databases, expected: &Expected, findings: &mut Findings) {
     findings.orders = db.orders.len();
     let mut lost: BTreeSet<Uuid> = BTreeSet::new();
     let mut twice: BTreeSet<Uuid> = BTreeSet::new();
+    let mut charged_twice: BTreeSet<String> = BTreeSet::new();
     for id in &expected.accepted {
         if !db.orders.contains_key(id) {
             findings.violate(format!(
@@ -656,6 +711,46 @@ fn check_orders(db: &Databases, expected: &Expected, findings: &mut Findings) {
             sent.get(&key).unwrap_or(&none).len(),
             findings,
         );
+
+        let charges = db.charges.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+        match charges.len() {
+            1 => {}
+            0 => {
+                findings.violate(format!("order {id} has no charge at the provider"));
+                lost.insert(*id);
+            }
+            n => {
+                findings.violate(format!(
+                    "order {id} was charged {n} times at the provider: {}",
+                    charges
+                        .iter()
+                        .map(|c| c.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                charged_twice.insert(key.clone());
+            }
+        }
+        let wanted_charge = if confirmed { "succeeded" } else { "failed" };
+        for charge in charges {
+            if charge.status != wanted_charge || charge.amount_cents != order.amount_cents {
+                findings.violate(format!(
+                    "order {id} is {} for {} cents but its charge {} {} for {}",
+                    order.status, order.amount_cents, charge.id, charge.status, charge.amount_cents
+                ));
+            }
+        }
+        for payment in payments {
+            if !charges
+                .iter()
+                .any(|c| payment.charge_id.as_deref() == Some(c.id.as_str()))
+            {
+                findings.violate(format!(
+                    "order {id}: its payment records charge {:?}, which the provider did not make for it",
+                    payment.charge_id
+                ));
+            }
+        }
     }
     for (what, effects) in [
         ("payment", &db.payments),
@@ -668,6 +763,16 @@ fn check_orders(db: &Databases, expected: &Expected, findings: &mut Findings) {
             }
         }
     }
+    let known: HashSet<String> = db.orders.keys().map(Uuid::to_string).collect();
+    for (reference, charges) in &db.charges {
+        if !known.contains(reference) {
+            findings.violate(format!(
+                "{} charge(s) at the provider for {reference}, an order the saga never saw",
+                charges.len()
+            ));
+            charged_twice.insert(reference.clone());
+        }
+    }
     for (service, n) in &db.unpublished {
         if *n > 0 {
             findings.violate(format!("{service}: {n} outbox rows never published"));
@@ -675,6 +780,7 @@ fn check_orders(db: &Databases, expected: &Expected, findings: &mut Findings) {
     }
     findings.lost += lost.len();
     findings.applied_twice += twice.len();
+    findings.charged_twice += charged_twice.len();
 }
 
 /// One `event handled` line of a service's log.

@@ -1,4 +1,5 @@
-//! A whole saga for one test: the three service binaries, each with a fresh database,
+//! A whole saga for one test: the three service binaries and the card provider
+//! payment-service calls (payment-provider), each with a fresh database, the services
 //! sharing a fresh Kafka namespace, started as real processes the way `scripts/up` starts
 //! them. Tests drive it through the HTTP API and raw Kafka records, and read the
 //! databases to check effects.
@@ -25,6 +26,7 @@ use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use saga_testkit::provider::ProviderAdmin;
 use saga_testkit::{TestDatabase, TestKafka, eventually};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
@@ -33,7 +35,10 @@ use uuid::Uuid;
 pub const ORDER_SERVICE: &str = "order-service";
 pub const PAYMENT_SERVICE: &str = "payment-service";
 pub const NOTIFICATION_SERVICE: &str = "notification-service";
+/// The saga's services: each consumes a topic, has an inbox and an outbox.
 pub const SERVICES: [&str; 3] = [ORDER_SERVICE, PAYMENT_SERVICE, NOTIFICATION_SERVICE];
+/// The stand-in card processor payment-service charges orders with; outside the saga.
+pub const PAYMENT_PROVIDER: &str = "payment-provider";
 
 /// The product of the README's example order: 1299 cents.
 pub const KEYBOARD: &str = "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21";
@@ -46,6 +51,7 @@ pub struct Stack {
     pub orders_db: TestDatabase,
     pub payments_db: TestDatabase,
     pub notifications_db: TestDatabase,
+    pub provider_db: TestDatabase,
     /// The running processes, by instance name.
     processes: HashMap<String, Child>,
     /// Each instance's HTTP port, kept across restarts so the API stays where it was.
@@ -69,13 +75,13 @@ pub const PRUNING_WINDOW: &str = "3s";
 const PRUNING_TOPIC_RETENTION_MS: &str = "3000";
 
 impl Stack {
-    /// Starts all three services and waits until each reports healthy.
+    /// Starts the provider and the three services and waits until each reports healthy.
     pub async fn start() -> Self {
         Self::start_with(&[]).await
     }
 
-    /// Starts all three services, with `failpoints` (service, `FAILPOINTS` value) armed
-    /// in some, and waits until each reports healthy.
+    /// Starts the provider and the three services, with `failpoints` (service,
+    /// `FAILPOINTS` value) armed in some, and waits until each reports healthy.
     pub async fn start_with(failpoints: &[(&'static str, String)]) -> Self {
         Self::start_configured(failpoints, &[]).await
     }
@@ -92,8 +98,9 @@ impl Stack {
     }
 
     async fn start_configured(failpoints: &[(&'static str, String)], env: &[(&str, &str)]) -> Self {
-        let (kafka, orders_db, payments_db, notifications_db) = tokio::join!(
+        let (kafka, orders_db, payments_db, notifications_db, provider_db) = tokio::join!(
             TestKafka::new(),
+            TestDatabase::empty(),
             TestDatabase::empty(),
             TestDatabase::empty(),
             TestDatabase::empty()
@@ -103,6 +110,7 @@ impl Stack {
             orders_db,
             payments_db,
             notifications_db,
+            provider_db,
             processes: HashMap::new(),
             ports: HashMap::new(),
             instances: BTreeMap::new(),
@@ -117,6 +125,12 @@ impl Stack {
                 .kafka
                 .set_topic_config("retention.ms", PRUNING_TOPIC_RETENTION_MS)
                 .await;
+        }
+        if let Some(status) = stack
+            .start_instance(PAYMENT_PROVIDER, PAYMENT_PROVIDER, None)
+            .await
+        {
+            panic!("{PAYMENT_PROVIDER} exited before it was healthy: {status}");
         }
         for service in SERVICES {
             let armed = failpoints
@@ -156,6 +170,9 @@ impl Stack {
         let mut command = Command::new(binary(service));
         if let Some(failpoints) = failpoints {
             command.env("FAILPOINTS", failpoints);
+        }
+        if service == PAYMENT_SERVICE {
+            command.env("PROVIDER_URL", self.provider_url());
         }
         let child = command
             .env("DATABASE_URL", &database_url)
@@ -279,8 +296,19 @@ impl Stack {
             ORDER_SERVICE => &self.orders_db,
             PAYMENT_SERVICE => &self.payments_db,
             NOTIFICATION_SERVICE => &self.notifications_db,
+            PAYMENT_PROVIDER => &self.provider_db,
             other => panic!("no service {other}"),
         }
+    }
+
+    /// The provider's base URL.
+    pub fn provider_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports[PAYMENT_PROVIDER])
+    }
+
+    /// The provider, to arm its faults and read what it did.
+    pub fn provider(&self) -> ProviderAdmin {
+        ProviderAdmin::new(self.provider_url())
     }
 
     /// What `instance` (a service's name, for its first instance) has logged so far.

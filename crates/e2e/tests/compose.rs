@@ -134,7 +134,7 @@ fn kafka_init_and_every_service_reach_the_broker_on_its_internal_listener() {
             "BOOTSTRAP",
         ),
     )];
-    for (name, service) in compose.built_services() {
+    for (name, service) in compose.kafka_clients() {
         clients.push((
             name.to_owned(),
             env_var(&environment(service), name, "KAFKA_BROKERS"),
@@ -338,8 +338,12 @@ fn every_service_starts_after_healthy_infrastructure_and_created_topics_and_all_
         ("kafka", "service_healthy"),
         ("kafka-init", "service_completed_successfully"),
     ];
+    let kafka_clients: BTreeSet<&str> = compose.kafka_clients().map(|(name, _)| name).collect();
     for (name, service) in compose.built_services() {
         for (dependency, condition) in wanted {
+            if dependency != "postgres" && !kafka_clients.contains(name) {
+                continue;
+            }
             assert_eq!(
                 text(service.at(&["depends_on", dependency, "condition"])),
                 condition,
@@ -364,6 +368,60 @@ fn every_service_starts_after_healthy_infrastructure_and_created_topics_and_all_
         "service_healthy",
         "kafka-init: depends_on kafka"
     );
+}
+
+#[test]
+fn payment_service_calls_the_provider_container_on_its_native_port() {
+    let compose = Compose::load();
+    let lib = LibSh::load();
+    let url = env_var(
+        &environment(compose.service("payment-service")),
+        "payment-service",
+        "PROVIDER_URL",
+    );
+    let port = lib.case("service_port", "payment-provider");
+    assert_eq!(url, format!("http://payment-provider:{port}"));
+    assert_eq!(
+        help_default("payment-service", "PROVIDER_URL"),
+        format!("http://127.0.0.1:{port}"),
+        "payment-service's own default PROVIDER_URL is not the native provider"
+    );
+}
+
+/// A service that reads no Kafka setting (the provider) sets none and waits for no broker.
+#[test]
+fn only_the_services_that_read_kafka_settings_are_given_them() {
+    let compose = Compose::load();
+    for (name, service) in compose.built_services() {
+        let reads = variables_read_by(compose.binary(name)).contains("KAFKA_BROKERS");
+        let sets = environment(service).contains_key("KAFKA_BROKERS");
+        assert_eq!(
+            reads, sets,
+            "{name}: reads KAFKA_BROKERS {reads}, is given it {sets}"
+        );
+    }
+}
+
+/// The image builds what its containers run and the operator's tools, not the benchmark's
+/// or the tests' binaries.
+#[test]
+fn the_image_builds_the_services_the_compose_file_runs_and_the_operator_tools() {
+    static BINS: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r#"(?m)^ARG BINS="([^"]+)""#).unwrap());
+    let dockerfile = read(&root().join(DOCKERFILE));
+    let built: BTreeSet<String> = BINS
+        .captures(&dockerfile)
+        .unwrap_or_else(|| panic!("{DOCKERFILE}: no ARG BINS=\"...\""))[1]
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let compose = Compose::load();
+    let mut wanted: BTreeSet<String> = compose
+        .built_services()
+        .map(|(name, _)| compose.binary(name).to_owned())
+        .collect();
+    wanted.insert("redrive-dlq".to_owned());
+    assert_eq!(built, wanted, "{DOCKERFILE}: ARG BINS");
 }
 
 // ------------------------------------------------------------------- compose file
@@ -410,6 +468,12 @@ impl Compose {
 
     /// The binary a built service runs: the first word of its command (the image has no
     /// entrypoint).
+    /// The built services whose binaries read Kafka settings.
+    fn kafka_clients(&self) -> impl Iterator<Item = (&str, &YamlOwned)> {
+        self.built_services()
+            .filter(|(name, _)| variables_read_by(self.binary(name)).contains("KAFKA_BROKERS"))
+    }
+
     fn binary(&self, name: &str) -> &str {
         let service = self.service(name);
         assert!(
