@@ -172,7 +172,7 @@ impl Findings {
         ));
         let stat = |name: &str| self.provider[name].as_u64().unwrap_or(0);
         out.push_str(&format!(
-            "provider   {} calls: {} charged, {} declined, {} replayed to a retry; {} answers lost on purpose and absorbed, {} refused while unavailable\n",
+            "provider   {} calls: {} charged, {} declined, {} replayed to a retry; {} answers lost on purpose, {} calls refused while unavailable\n",
             stat("calls"),
             stat("charged"),
             stat("declined"),
