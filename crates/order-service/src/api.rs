@@ -77,8 +77,8 @@ async fn place_order(
     let keyed = key.as_ref().map(|key| Keyed {
         key,
         fingerprint: Fingerprint::of("POST", ORDERS, &body),
-        ttl: state.idempotency.idempotency_key_ttl,
-        wait: state.idempotency.idempotency_key_wait,
+        ttl: state.idempotency.keys.idempotency_key_ttl,
+        wait: state.idempotency.keys.idempotency_key_wait,
     });
     let request: PlaceOrder = decode(body)?;
     let lines = validate(&request)?;

@@ -71,7 +71,7 @@ impl Application {
         .await?;
         // An expired key is a new request already; the pruner deletes its row.
         service.prune_also(Target::idempotency_keys(
-            config.idempotency.idempotency_key_ttl,
+            config.idempotency.keys.idempotency_key_ttl,
         ));
         Ok(Self {
             service,

@@ -238,11 +238,9 @@ async fn a_request_waits_for_the_first_with_its_key_and_replays_its_answer() {
 
 #[tokio::test]
 async fn a_key_held_longer_than_the_wait_is_409_with_retry_after_and_nothing_placed() {
-    let app = spawn_app_with(IdempotencyConfig {
-        idempotency_key_wait: Duration::from_millis(200),
-        ..defaults()
-    })
-    .await;
+    let mut idempotency = defaults();
+    idempotency.keys.idempotency_key_wait = Duration::from_millis(200);
+    let app = spawn_app_with(idempotency).await;
     let mut client = app.db.client().await;
     let first = client.transaction().await.unwrap();
     // An order that will never exist: the key's foreign key is checked at commit only.

@@ -19,7 +19,6 @@ pub mod sever;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
@@ -30,7 +29,7 @@ use axum::routing::get;
 use clap::Parser;
 use clap::builder::TypedValueParser as _;
 use deadpool_postgres::Pool;
-use saga::config::PruneConfig;
+use saga::config::{KeyConfig, PruneConfig};
 use saga::retention::{Pruner, Target};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -71,17 +70,8 @@ pub struct Config {
     #[arg(long, env = "PAYMENT_LIMIT_CENTS", default_value_t = 100_000)]
     pub payment_limit_cents: i64,
 
-    /// How long a key is remembered: a retry within it gets the first answer, after it
-    /// the same key is a new charge.
-    #[arg(long, env = "IDEMPOTENCY_KEY_TTL", default_value = "24h",
-          value_parser = humantime::parse_duration)]
-    pub idempotency_key_ttl: Duration,
-
-    /// How long a call waits for an earlier one with the same key to finish before it is
-    /// answered 409 `idempotency_key_in_use`.
-    #[arg(long, env = "IDEMPOTENCY_KEY_WAIT", default_value = "2s",
-          value_parser = humantime::parse_duration)]
-    pub idempotency_key_wait: Duration,
+    #[command(flatten)]
+    pub keys: KeyConfig,
 
     /// A fault armed from the start, as `PUT /admin/fault` takes it:
     /// `{"kind": "lose-response", "rate": 0.33}`.
@@ -169,8 +159,8 @@ impl Application {
             pool: self.pool.clone(),
             rules: Rules {
                 limit_cents: self.config.payment_limit_cents,
-                key_ttl: self.config.idempotency_key_ttl,
-                key_wait: self.config.idempotency_key_wait,
+                key_ttl: self.config.keys.idempotency_key_ttl,
+                key_wait: self.config.keys.idempotency_key_wait,
             },
             faults: faults.clone(),
             stats: Arc::default(),
@@ -185,7 +175,9 @@ impl Application {
             .map(|pace| {
                 Pruner::new(
                     &self.config.database_url,
-                    vec![Target::idempotency_keys(self.config.idempotency_key_ttl)],
+                    vec![Target::idempotency_keys(
+                        self.config.keys.idempotency_key_ttl,
+                    )],
                     pace,
                 )
             })

@@ -70,6 +70,14 @@ pub struct IdempotencyConfig {
           action = clap::ArgAction::Set)]
     pub require_idempotency_key: bool,
 
+    #[command(flatten)]
+    pub keys: KeyConfig,
+}
+
+/// How long keys live, and how long a request waits for another holding its key: for
+/// any endpoint that stores keys (order-service's, the card provider's).
+#[derive(Debug, Clone, Args)]
+pub struct KeyConfig {
     /// How long a key is remembered: a retry within it gets the first response, after it
     /// the same key is a new request. `24h`, `90m`, `7days`.
     #[arg(long, env = "IDEMPOTENCY_KEY_TTL", default_value = "24h",

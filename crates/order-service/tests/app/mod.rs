@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use order_service::{Application, Config};
 use reqwest::header::HeaderMap;
-use saga::config::{DatabaseConfig, IdempotencyConfig, KafkaConfig, RetentionConfig};
+use saga::config::{DatabaseConfig, IdempotencyConfig, KafkaConfig, KeyConfig, RetentionConfig};
 use saga_testkit::{TestDatabase, TestKafka};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -31,8 +31,10 @@ impl Drop for TestApp {
 pub fn defaults() -> IdempotencyConfig {
     IdempotencyConfig {
         require_idempotency_key: false,
-        idempotency_key_ttl: Duration::from_secs(24 * 3600),
-        idempotency_key_wait: Duration::from_secs(2),
+        keys: KeyConfig {
+            idempotency_key_ttl: Duration::from_secs(24 * 3600),
+            idempotency_key_wait: Duration::from_secs(2),
+        },
     }
 }
 
