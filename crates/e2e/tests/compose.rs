@@ -406,22 +406,28 @@ fn only_the_services_that_read_kafka_settings_are_given_them() {
 /// or the tests' binaries.
 #[test]
 fn the_image_builds_the_services_the_compose_file_runs_and_the_operator_tools() {
-    static BINS: LazyLock<Regex> =
-        LazyLock::new(|| Regex::new(r#"(?m)^ARG BINS="([^"]+)""#).unwrap());
+    static BIN: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"--bin ([a-z-]+)").unwrap());
+    static COPY: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"(?m)^\s*&& cp ([a-z -]+) /out/$").unwrap());
     let dockerfile = read(&root().join(DOCKERFILE));
-    let built: BTreeSet<String> = BINS
+    let built: BTreeSet<String> = BIN
+        .captures_iter(&dockerfile)
+        .map(|c| c[1].to_owned())
+        .collect();
+    let copied: BTreeSet<String> = COPY
         .captures(&dockerfile)
-        .unwrap_or_else(|| panic!("{DOCKERFILE}: no ARG BINS=\"...\""))[1]
+        .unwrap_or_else(|| panic!("{DOCKERFILE}: no `&& cp <binaries> /out/` line"))[1]
         .split_whitespace()
         .map(str::to_owned)
         .collect();
+    assert_eq!(copied, built, "{DOCKERFILE}: the binaries copied into the image vs built");
     let compose = Compose::load();
     let mut wanted: BTreeSet<String> = compose
         .built_services()
         .map(|(name, _)| compose.binary(name).to_owned())
         .collect();
     wanted.insert("redrive-dlq".to_owned());
-    assert_eq!(built, wanted, "{DOCKERFILE}: ARG BINS");
+    assert_eq!(built, wanted, "{DOCKERFILE}: the `--bin`s built");
 }
 
 // ------------------------------------------------------------------- compose file
