@@ -1,13 +1,14 @@
-//! The benchmark's databases: three per set (orders, payments, notifications), made
-//! fresh for every run under their own names, so the demo stack's databases (which the
-//! walkthrough and the tests reset) are never touched.
+//! The benchmark's databases: four per set (orders, payments, notifications, and the card
+//! provider's), made fresh for every run under their own names, so the demo stack's
+//! databases (which the walkthrough and the tests reset) are never touched.
 
 use anyhow::Context as _;
 use tokio_postgres::Client;
 
 use crate::sql::Database;
 
-/// One set of the saga's three databases, named `<prefix>orders` and so on.
+/// One set of the saga's three databases and the provider's, named `<prefix>orders` and
+/// so on.
 #[derive(Debug, Clone)]
 pub struct Databases {
     /// `postgres://user:password@host:port`, without a database.
@@ -28,6 +29,7 @@ impl Databases {
             Database::Orders => "orders",
             Database::Payments => "payments",
             Database::Notifications => "notifications",
+            Database::Provider => "provider",
         };
         format!("{}{base}", self.prefix)
     }
@@ -40,13 +42,14 @@ impl Databases {
         connect(&self.url(database)).await
     }
 
-    /// Drops and recreates the three databases, empty.
+    /// Drops and recreates the four databases, empty.
     pub async fn recreate(&self) -> anyhow::Result<()> {
         let admin = connect(&format!("{}/postgres", self.server)).await?;
         for database in [
             Database::Orders,
             Database::Payments,
             Database::Notifications,
+            Database::Provider,
         ] {
             let name = self.name(database);
             // Two calls: a multi-statement string is one transaction, which DROP DATABASE refuses.
@@ -81,6 +84,12 @@ impl Databases {
             &self.url(Database::Notifications),
             notification_service::migrations,
             notification_service::HISTORY_TABLE,
+        )
+        .await?;
+        saga::db::migrate_alone(
+            &self.url(Database::Provider),
+            payment_provider::migrations,
+            payment_provider::HISTORY_TABLE,
         )
         .await?;
         Ok(())

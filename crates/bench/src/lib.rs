@@ -5,10 +5,12 @@
 //!   rate), over the order API.
 //! - [`measure`]: what the saga did with those orders, from the services' databases:
 //!   rates, latencies, and that every order took effect exactly once.
-//! - [`sql`]: the handlers' SQL read out of their source files, and the pgbench scripts
-//!   made from it, so the ceiling runs the very statements the services run.
+//! - [`sql`]: the handlers' SQL read out of their source files, and the card provider's,
+//!   and the pgbench scripts made from it, so the ceiling runs the very statements the
+//!   services run.
 //! - [`pgbench`]: runs those scripts at the services' connection counts.
-//! - [`procs`]: the services as processes: start, stop, CPU time and peak memory.
+//! - [`procs`]: the services (and the provider) as processes: start, stop, CPU time and
+//!   peak memory.
 //! - [`db`]: the benchmark's own databases, fresh each run.
 //! - [`run`]: the phases of a run; [`report`]: its JSON, markdown table and chart.
 //!

@@ -6,6 +6,9 @@
 //! those orders afterwards can be read back from the databases by tag. Open-loop latency
 //! is measured from when a request was *due*, not when it went out, so a stalled server
 //! is not hidden by the generator waiting for it (coordinated omission).
+//!
+//! [`charge_directly`] calls the card provider the way payment-service does, for the
+//! provider's own rate beside ChargeOrder's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -241,6 +244,97 @@ impl LoadGenerator {
     }
 }
 
+/// The reference, and the start of the key, of every charge the benchmark asks of the
+/// provider itself rather than for an order, so that the exactly-once count can leave
+/// them out.
+pub const DIRECT_CHARGE_PREFIX: &str = "bench-direct-";
+
+/// What asking the provider directly saw from the caller's side.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallResult {
+    /// Charges made (201, not replayed).
+    pub charged: u64,
+    /// Calls answered otherwise, or not at all.
+    pub failed: u64,
+    pub seconds: f64,
+    /// Each charge's call, in microseconds, sorted.
+    #[serde(skip)]
+    pub latencies_us: Vec<u64>,
+}
+
+/// payment-service's client of the provider at `url`, with its settings read as it reads
+/// them: its defaults, or the variables it inherits from this process.
+fn provider_client(url: &str) -> anyhow::Result<payment_service::Provider> {
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Settings {
+        #[command(flatten)]
+        provider: payment_service::ProviderConfig,
+    }
+    let settings = Settings::try_parse_from(["loadgen", "--provider-url", url])?;
+    payment_service::Provider::new(&settings.provider)
+}
+
+/// Asks the provider at `provider_url` for `count` charges of an order's amount,
+/// `concurrency` at a time, each under a key of its own, with payment-service's own
+/// client and timeouts: the call ChargeOrder makes for every order, without the rest of
+/// ChargeOrder. A failed call is not made again: its key might have charged.
+pub async fn charge_directly(
+    provider_url: &str,
+    count: u64,
+    concurrency: u32,
+) -> anyhow::Result<CallResult> {
+    use payment_service::provider::{Answer, ChargeRequest};
+    let provider = Arc::new(provider_client(provider_url)?);
+    let next = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (provider, next, failed) = (provider.clone(), next.clone(), failed.clone());
+        callers.spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= count {
+                    break;
+                }
+                let reference = format!("{DIRECT_CHARGE_PREFIX}{n}");
+                let request = ChargeRequest {
+                    // The demo's order: two keyboards at 12.99.
+                    amount_cents: 2598,
+                    currency: payment_service::charge_order::CURRENCY,
+                    reference: reference.clone(),
+                };
+                let sent = Instant::now();
+                match provider
+                    .charge(&format!("{reference}:charge"), &request)
+                    .await
+                {
+                    Ok(Answer::Charged {
+                        replayed: false, ..
+                    }) => mine.push(sent.elapsed().as_micros() as u64),
+                    _ => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            mine
+        });
+    }
+    let mut latencies_us = Vec::new();
+    while let Some(mine) = callers.join_next().await {
+        latencies_us.extend(mine?);
+    }
+    latencies_us.sort_unstable();
+    Ok(CallResult {
+        charged: latencies_us.len() as u64,
+        failed: failed.load(Ordering::Relaxed),
+        seconds: start.elapsed().as_secs_f64(),
+        latencies_us,
+    })
+}
+
 /// The `q`-quantile (0..=1) of sorted `values`, nearest rank.
 pub fn quantile(sorted: &[u64], q: f64) -> Option<u64> {
     if sorted.is_empty() {
@@ -261,6 +355,11 @@ mod tests {
         assert_eq!(quantile(&values, 0.99), Some(99));
         assert_eq!(quantile(&values, 1.0), Some(100));
         assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn the_provider_is_called_with_payment_services_own_client() {
+        provider_client("http://127.0.0.1:18083").unwrap();
     }
 
     #[test]

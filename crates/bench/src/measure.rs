@@ -353,6 +353,8 @@ pub enum Work {
     Applied,
     /// A relay: `outbox.published_at`.
     Published,
+    /// The card provider: `charges.created_at` (its transaction's start).
+    Charged,
 }
 
 /// Waits until `expected` rows of `work` exist since `since` (or `timeout` passes), then
@@ -374,6 +376,10 @@ pub async fn drain(
         Work::Published => {
             "SELECT count(*), min(published_at), max(published_at), count(DISTINCT published_at)
                FROM outbox WHERE published_at >= $1"
+        }
+        Work::Charged => {
+            "SELECT count(*), min(created_at), max(created_at), NULL::bigint
+               FROM charges WHERE created_at >= $1"
         }
     };
     let deadline = Instant::now() + timeout;
@@ -424,9 +430,14 @@ pub struct Effects {
     pub payments: i64,
     pub outcome_events: i64,
     pub notifications: i64,
+    /// The provider's charges for the run's orders (not those the benchmark asked for
+    /// itself): the one effect no rollback undoes.
+    pub charges: i64,
     pub applied: HashMap<Database, i64>,
     /// Orders with more than one payment result, outcome or notification event.
     pub orders_with_repeated_events: i64,
+    /// Orders the provider charged more than once.
+    pub orders_charged_twice: i64,
     /// Outbox rows not yet published.
     pub unpublished: i64,
     /// Effects beyond one per order; must be 0.
@@ -443,6 +454,11 @@ pub async fn effects(databases: &Databases) -> anyhow::Result<Effects> {
     let orders_db = databases.connect(Database::Orders).await?;
     let payments_db = databases.connect(Database::Payments).await?;
     let notifications_db = databases.connect(Database::Notifications).await?;
+    let provider_db = databases.connect(Database::Provider).await?;
+    let for_orders = format!(
+        "reference NOT LIKE '{}%'",
+        crate::load::DIRECT_CHARGE_PREFIX
+    );
     let mut effects = Effects {
         orders: count(&orders_db, "SELECT count(*) FROM orders").await?,
         still_pending: count(
@@ -457,6 +473,19 @@ pub async fn effects(databases: &Databases) -> anyhow::Result<Effects> {
         )
         .await?,
         notifications: count(&notifications_db, "SELECT count(*) FROM notifications").await?,
+        charges: count(
+            &provider_db,
+            &format!("SELECT count(*) FROM charges WHERE {for_orders}"),
+        )
+        .await?,
+        orders_charged_twice: count(
+            &provider_db,
+            &format!(
+                "SELECT count(*) FROM (SELECT reference FROM charges WHERE {for_orders}
+                  GROUP BY reference HAVING count(*) > 1) AS r"
+            ),
+        )
+        .await?,
         ..Effects::default()
     };
     let mut repeated = 0;
@@ -487,6 +516,7 @@ pub async fn effects(databases: &Databases) -> anyhow::Result<Effects> {
         effects.payments,
         effects.outcome_events,
         effects.notifications,
+        effects.charges,
     ]
     .into_iter()
     .chain(effects.applied.values().copied());
@@ -494,6 +524,6 @@ pub async fn effects(databases: &Databases) -> anyhow::Result<Effects> {
         effects.extra_effects += (found - effects.orders).max(0);
         effects.missing_effects += (effects.orders - found).max(0);
     }
-    effects.extra_effects += repeated;
+    effects.extra_effects += repeated + effects.orders_charged_twice;
     Ok(effects)
 }

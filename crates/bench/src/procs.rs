@@ -10,12 +10,14 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use tokio::process::{Child, Command};
 
-/// One service of the saga, as the benchmark runs it.
+/// One service of the saga, or the card provider, as the benchmark runs it.
 #[derive(Debug, Clone)]
 pub struct ServiceSpec {
     pub name: &'static str,
     pub database_url: String,
     pub port: u16,
+    /// Variables of this service alone, such as where payment-service finds the provider.
+    pub env: Vec<(String, String)>,
 }
 
 /// Settings every service gets, as in `scripts/up`.
@@ -72,6 +74,7 @@ impl Running {
             .env("HTTP_ADDR", format!("127.0.0.1:{}", spec.port))
             .env("RUST_LOG", &env.rust_log)
             .envs(env.extra.iter().map(|(k, v)| (k, v)))
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -73,14 +73,21 @@ pub struct Step {
 }
 
 /// Each transaction at full speed with a backlog waiting for it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Capacity {
     pub orders: u32,
     /// `POST /v1/orders` alone (no consumer or relay working), orders per second.
     pub create: Drain,
     /// The same, each request with an `Idempotency-Key` of its own.
     pub create_keyed: Drain,
+    /// ChargeOrder: the read-ahead, the provider's call and the transaction, per event.
     pub charge: Drain,
+    /// The provider alone, asked for a charge per order of the backlog as payment-service
+    /// asks, one call per partition in flight: charges per second from its database.
+    pub provider_alone: Drain,
+    /// Those calls' time from the caller's side.
+    pub provider_alone_ms: Percentiles,
+    pub provider_alone_failed: u64,
     pub apply: Drain,
     pub notify: Drain,
     /// Relay publishing a backlog, per database.
@@ -101,6 +108,7 @@ impl Capacity {
             "create keyed" => &self.create_keyed,
             "relay order.created" => &self.relay_orders_created,
             "charge" => &self.charge,
+            "provider alone" => &self.provider_alone,
             "relay payments" => &self.relay_payments,
             "apply" => &self.apply,
             "relay outcomes" => &self.relay_outcomes,
@@ -126,6 +134,122 @@ pub struct Pruning {
     /// The same backlog's drain with the pruner off, then on.
     pub without: Drain,
     pub with: Drain,
+}
+
+/// A run of ChargeOrder from before it called the provider, as the README records it.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Recorded {
+    pub date: &'static str,
+    pub command: &'static str,
+    pub mode: &'static str,
+    pub consumer_batch: u32,
+    /// ChargeOrder's events/s on its backlog then.
+    pub per_second: f64,
+    /// pgbench's rate for its transaction then, at the same connections.
+    pub ceiling: f64,
+    /// ApplyPaymentResult's and NotifyCustomer's events/s then: consumers the call did
+    /// not change, and so the yardstick of how this run's machine compares with that one.
+    pub apply_per_second: f64,
+    pub notify_per_second: f64,
+}
+
+/// The last full runs without the call (README, "Latest full runs"), a transaction per
+/// event and batches of 16.
+pub const WITHOUT_CALL: [Recorded; 2] = [
+    Recorded {
+        date: "2026-12-01",
+        command: "scripts/bench --save",
+        mode: "full",
+        consumer_batch: 1,
+        per_second: 744.0,
+        ceiling: 1434.0,
+        apply_per_second: 699.0,
+        notify_per_second: 1006.0,
+    },
+    Recorded {
+        date: "2026-12-01",
+        command: "scripts/bench --batch 16 --save",
+        mode: "full",
+        consumer_batch: 16,
+        per_second: 1409.0,
+        ceiling: 1183.0,
+        apply_per_second: 1228.0,
+        notify_per_second: 1832.0,
+    },
+];
+
+/// What calling the provider costs ChargeOrder. payment-service cannot charge without the
+/// call, so "without" is, in this run, pgbench's rate for the transaction alone and the
+/// provider's own rate, and, across runs, the last recorded run without the call.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderCall {
+    pub partitions: u32,
+    /// ChargeOrder's events/s on its backlog, the call included.
+    pub with_call: f64,
+    /// pgbench's for everything an event costs the server, one after the other per
+    /// partition as the consumer runs them: ChargeOrder's SQL in its database
+    /// (read-ahead, then the transaction) and the provider's charge in the provider's,
+    /// 1 / (1 / charge + 1 / provider).
+    pub ceiling_with_call: f64,
+    /// pgbench's for ChargeOrder's transaction alone, this run: what the ceiling was
+    /// before the call.
+    pub ceiling_without_call: f64,
+    /// A partition's time per event, the call included (ms).
+    pub ms_per_event: f64,
+    /// The provider alone, called as payment-service calls it (see [`Capacity`]).
+    pub alone: Drain,
+    pub alone_ms: Percentiles,
+    pub alone_failed: u64,
+    /// The last run without the call at this run's CONSUMER_BATCH_SIZE, if there is one.
+    pub recorded_without: Option<Recorded>,
+    /// `with_call` against the recorded run's rate.
+    pub vs_recorded: Option<f64>,
+    /// A partition's time per event in the recorded run (ms).
+    pub recorded_ms_per_event: Option<f64>,
+    /// This run's ApplyPaymentResult and NotifyCustomer against the recorded run's: near
+    /// 100%, the machine did as much for a consumer as then, and the difference in
+    /// ChargeOrder's rate is the call's.
+    pub apply_vs_recorded: Option<f64>,
+    pub notify_vs_recorded: Option<f64>,
+    /// This run's ceiling for the transaction alone against the recorded run's. The
+    /// consumers are bound by CPU more than by commits, so this says less about them
+    /// than the two above.
+    pub ceiling_vs_recorded: Option<f64>,
+}
+
+impl ProviderCall {
+    pub fn new(
+        capacity: &Capacity,
+        partitions: u32,
+        consumer_batch: u32,
+        rate: impl Fn(&str) -> f64,
+    ) -> Self {
+        let with_call = capacity.charge.per_second;
+        let ceiling_without_call = rate("charge without call");
+        let recorded_without = WITHOUT_CALL
+            .iter()
+            .find(|r| r.consumer_batch == consumer_batch)
+            .copied();
+        Self {
+            partitions,
+            with_call,
+            ceiling_with_call: 1.0 / (1.0 / rate("charge") + 1.0 / rate("provider")),
+            ceiling_without_call,
+            ms_per_event: 1000.0 * f64::from(partitions) / with_call,
+            alone: capacity.provider_alone.clone(),
+            alone_ms: capacity.provider_alone_ms.clone(),
+            alone_failed: capacity.provider_alone_failed,
+            recorded_without,
+            vs_recorded: recorded_without.map(|r| with_call / r.per_second),
+            recorded_ms_per_event: recorded_without
+                .map(|r| 1000.0 * f64::from(partitions) / r.per_second),
+            apply_vs_recorded: recorded_without
+                .map(|r| capacity.apply.per_second / r.apply_per_second),
+            notify_vs_recorded: recorded_without
+                .map(|r| capacity.notify.per_second / r.notify_per_second),
+            ceiling_vs_recorded: recorded_without.map(|r| ceiling_without_call / r.ceiling),
+        }
+    }
 }
 
 /// A measured rate against its ceiling, and the target if the issue sets one.
@@ -176,16 +300,103 @@ pub struct Report {
     pub max_sustained_per_second: f64,
     pub half_load_step: Option<String>,
     pub capacity: Capacity,
+    pub provider_call: ProviderCall,
     pub pruning: Pruning,
     pub ceilings: Vec<Ceiling>,
     /// Orders per second pgbench's rates allow, all transactions of an order sharing one
-    /// server: 1 / Σ (transactions of that kind per order / its tps).
+    /// server: 1 / Σ (transactions of that kind per order / its tps), the provider's
+    /// charge among them.
     pub ceiling_orders_per_second: f64,
     pub ratios: Vec<Ratio>,
     pub services: BTreeMap<String, ServiceSummary>,
     pub effects: Effects,
     pub dead_letters: i64,
     pub load_average_at_end: [f64; 3],
+}
+
+impl ProviderCall {
+    fn markdown(&self) -> String {
+        let mut md = String::new();
+        let ratio = |measured: f64, ceiling: f64| format!("{:.0}%", measured / ceiling * 100.0);
+        let _ = writeln!(
+            md,
+            "\nThe provider call: ChargeOrder asks payment-provider for a charge for every order, between its read-ahead and its transaction ({} partitions):\n",
+            self.partitions
+        );
+        md.push_str("| ChargeOrder | events/s | pgbench/s | ratio |\n|---|---:|---:|---:|\n");
+        let _ = writeln!(
+            md,
+            "| with the call, this run (pgbench: read-ahead + transaction, and the provider's charge) | {} | {} | {} |",
+            fmt(self.with_call),
+            fmt(self.ceiling_with_call),
+            ratio(self.with_call, self.ceiling_with_call)
+        );
+        if let Some(r) = &self.recorded_without {
+            let _ = writeln!(
+                md,
+                "| without the call, recorded: `{}`, {} mode, {} (pgbench: the transaction) | {} | {} | {} |",
+                r.command,
+                r.mode,
+                r.date,
+                fmt(r.per_second),
+                fmt(r.ceiling),
+                ratio(r.per_second, r.ceiling)
+            );
+        }
+        let _ = writeln!(
+            md,
+            "| pgbench this run, the transaction alone (no read-ahead, no provider) | | {} | |",
+            fmt(self.ceiling_without_call)
+        );
+        let failed = match self.alone_failed {
+            0 => String::new(),
+            n => format!("; {n} calls failed"),
+        };
+        let alone = format!(
+            "The provider alone, called as payment-service calls it ({} at a time, a key each): {} charges at {}/s, each call p50 {} ms, p99 {} ms{failed}.",
+            self.partitions,
+            self.alone.rows,
+            fmt(self.alone.per_second),
+            fmt(self.alone_ms.p50),
+            fmt(self.alone_ms.p99),
+        );
+        match (
+            &self.recorded_without,
+            self.vs_recorded,
+            self.recorded_ms_per_event,
+            self.apply_vs_recorded,
+            self.notify_vs_recorded,
+            self.ceiling_vs_recorded,
+        ) {
+            (Some(r), Some(vs), Some(then_ms), Some(apply), Some(notify), Some(machine)) => {
+                let _ = writeln!(
+                    md,
+                    "\nWith the call against the recorded run without it: {}/s vs {}/s, {:.0}%. A partition spends {} ms per event, {} ms then: {} ms more. {alone}",
+                    fmt(self.with_call),
+                    fmt(r.per_second),
+                    vs * 100.0,
+                    fmt(self.ms_per_event),
+                    fmt(then_ms),
+                    fmt(self.ms_per_event - then_ms),
+                );
+                let _ = writeln!(
+                    md,
+                    "The consumers the call did not change, the yardstick between the two runs, ran at {:.0}% (ApplyPaymentResult) and {:.0}% (NotifyCustomer) of their rates in that run; pgbench ran the transaction alone at {:.0}% of that run's rate.",
+                    apply * 100.0,
+                    notify * 100.0,
+                    machine * 100.0,
+                );
+            }
+            _ => {
+                let _ = writeln!(
+                    md,
+                    "\nNo run without the call is recorded at this CONSUMER_BATCH_SIZE. A partition spends {} ms per event, the call included. {alone}",
+                    fmt(self.ms_per_event),
+                );
+            }
+        }
+        md
+    }
 }
 
 /// A line of the chart: its label, colour, and value for a step.
@@ -299,6 +510,8 @@ impl Report {
                 &c.relay_orders_created,
             ),
             ("charge", "payment-service", &c.charge),
+            ("charge", "payment-provider", &c.charge),
+            ("provider alone", "payment-provider", &c.provider_alone),
             ("relay payments", "payment-service", &c.relay_payments),
             ("apply", "order-service", &c.apply),
             ("relay outcomes", "order-service", &c.relay_outcomes),
@@ -336,6 +549,8 @@ impl Report {
                 target
             );
         }
+
+        md.push_str(&self.provider_call.markdown());
 
         md.push_str("\n| pgbench transaction | connections | tps | events/s | avg latency (ms) | load avg |\n");
         md.push_str("|---|---:|---:|---:|---:|---|\n");
@@ -388,8 +603,9 @@ impl Report {
         let e = &self.effects;
         let _ = writeln!(
             md,
-            "\nExactly once: {} orders, {} payments, {} outcomes, {} notifications; extra effects {}, missing {}, still pending {}, unpublished outbox rows {}, dead letters {}.",
+            "\nExactly once: {} orders, {} charges at the provider, {} payments, {} outcomes, {} notifications; extra effects {}, missing {}, still pending {}, unpublished outbox rows {}, dead letters {}.",
             e.orders,
+            e.charges,
             e.payments,
             e.outcome_events,
             e.notifications,
@@ -565,5 +781,43 @@ impl Report {
             .draw()?;
         root.present()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_call_is_compared_with_the_recorded_run_without_it() {
+        let drain = |per_second| Drain {
+            rows: 1500,
+            per_second,
+            ..Drain::default()
+        };
+        let capacity = Capacity {
+            charge: drain(482.0),
+            provider_alone: drain(1844.0),
+            apply: drain(712.0),
+            notify: drain(1014.0),
+            ..Capacity::default()
+        };
+        let rate = |name: &str| match name {
+            "charge" => 1709.0,
+            "provider" => 2003.0,
+            "charge without call" => 2227.0,
+            _ => f64::NAN,
+        };
+        let call = ProviderCall::new(&capacity, 3, 1, rate);
+        assert!((call.ceiling_with_call - 922.0).abs() < 1.0);
+        let md = call.markdown();
+        println!("{md}");
+        assert!(md.contains("482/s vs 744/s, 65%"), "{md}");
+        assert!(md.contains("ran at 102% (ApplyPaymentResult) and 101% (NotifyCustomer)"));
+        let unrecorded = ProviderCall::new(&capacity, 3, 4, rate).markdown();
+        assert!(
+            unrecorded.contains("No run without the call"),
+            "{unrecorded}"
+        );
     }
 }

@@ -8,13 +8,16 @@
 //!    every consumer is stopped and the relay held back (the bench holds the relay's
 //!    advisory lock, as a standby relay would find it held), then each relay and each
 //!    consumer is let go in turn, so each one's rate is its own, not its input's.
+//!    ChargeOrder's includes its call to the card provider, which stays up throughout;
+//!    right after it the provider is called alone, as payment-service calls it.
 //! 3. **Ceiling**: pgbench runs each handler's SQL ([`crate::sql`]) on fresh databases
 //!    of the same schema at the services' connection counts, each transaction right
 //!    after the service ran it in phase 2, so other work on the machine weighs on both
 //!    alike.
 //!
-//! The saga's databases, topics and ports are the benchmark's own, fresh each run: the
-//! demo stack, the walkthrough and the tests never see them.
+//! The saga's databases, topics and ports are the benchmark's own, fresh each run, and so
+//! are the card provider's database and port: the demo stack, the walkthrough and the
+//! tests never see them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,11 +33,13 @@ use time::OffsetDateTime;
 use tokio_postgres::Client;
 
 use crate::db::Databases;
-use crate::load::{Keys, LoadGenerator, LoadResult, Shape};
-use crate::measure::{self, Work};
+use crate::load::{self, Keys, LoadGenerator, LoadResult, Shape};
+use crate::measure::{self, Percentiles, Work};
 use crate::pgbench;
 use crate::procs::{self, Running, ServiceSpec, StackEnv, Usage};
-use crate::report::{Capacity, Machine, Pruning, Ratio, Report, ServiceSummary, Step};
+use crate::report::{
+    Capacity, Machine, ProviderCall, Pruning, Ratio, Report, ServiceSummary, Step,
+};
 use crate::sql::{self, Database, Transaction};
 
 /// How long and how hard a run goes.
@@ -117,6 +122,10 @@ pub struct Settings {
 }
 
 const SERVICES: [&str; 3] = ["order-service", "payment-service", "notification-service"];
+/// The stand-in card provider payment-service calls for every order. No step of the saga
+/// (no Kafka, no inbox, no backlog of its own): it starts before the services, stops
+/// after them, and stays up while the capacity phase holds their backlogs back.
+const PROVIDER: &str = payment_provider::SERVICE;
 /// The peak resident memory the issue allows each service.
 const RSS_TARGET_MIB: f64 = 64.0;
 /// A step whose last order is confirmed later than this after the last POST fell behind.
@@ -157,7 +166,7 @@ impl Stack {
     }
 
     async fn start_all(&mut self) -> anyhow::Result<()> {
-        for name in SERVICES {
+        for name in std::iter::once(PROVIDER).chain(SERVICES) {
             if !self.running.contains_key(name) {
                 self.start(name).await?;
             }
@@ -173,11 +182,18 @@ impl Stack {
         Ok(())
     }
 
-    async fn stop_all(&mut self) -> anyhow::Result<()> {
+    /// Stops the three services, the provider left running.
+    async fn stop_saga(&mut self) -> anyhow::Result<()> {
         for name in SERVICES {
             self.stop(name).await?;
         }
         Ok(())
+    }
+
+    async fn stop_all(&mut self) -> anyhow::Result<()> {
+        // The provider last, so that no charge is asked of a provider already gone.
+        self.stop_saga().await?;
+        self.stop(PROVIDER).await
     }
 
     fn account(&mut self, name: &'static str, usage: Usage) {
@@ -393,7 +409,7 @@ async fn capacity(
     let expected = i64::from(n);
     let timeout = Duration::from_secs(300);
     let mut usage = BTreeMap::new();
-    stack.stop_all().await?;
+    stack.stop_saga().await?;
 
     log(format!(
         "capacity: placing {n} orders with every consumer stopped and the orders relay held"
@@ -463,7 +479,11 @@ async fn capacity(
             Work::Applied,
         )
         .await?;
+    let (provider_alone, provider_alone_ms, provider_alone_failed) =
+        backlog.provider_alone(ceilings.partitions).await?;
     ceilings.measure("charge").await?;
+    ceilings.measure("provider").await?;
+    ceilings.measure("charge without call").await?;
 
     // order-service would consume the payment results while they are published; stop it
     // so its consumer later meets the whole backlog at once.
@@ -523,6 +543,9 @@ async fn capacity(
         create,
         create_keyed,
         charge,
+        provider_alone,
+        provider_alone_ms,
+        provider_alone_failed,
         apply,
         notify,
         relay_orders_created,
@@ -732,6 +755,42 @@ impl Backlog<'_> {
         log(format!("capacity: {name} {:.0}/s", drained.per_second));
         Ok(drained)
     }
+
+    /// The provider alone: a charge per order of the backlog asked of it directly, the
+    /// way payment-service asks (its client, a key per order), `concurrency` calls in
+    /// flight as the consumer has one per partition; timed from the provider's database.
+    async fn provider_alone(
+        &mut self,
+        concurrency: u32,
+    ) -> anyhow::Result<(measure::Drain, Percentiles, u64)> {
+        let url = format!("http://127.0.0.1:{}", self.stack.specs[PROVIDER].port);
+        let since = measure::server_now(self.databases).await?;
+        self.stack.usage();
+        let calls = load::charge_directly(&url, self.expected as u64, concurrency).await?;
+        let drained = measure::drain(
+            self.databases,
+            Database::Provider,
+            Work::Charged,
+            since,
+            calls.charged as i64,
+            self.timeout,
+        )
+        .await?;
+        self.usage
+            .insert("provider alone".to_owned(), self.stack.usage());
+        let ms = Percentiles::of_sorted_us(&calls.latencies_us);
+        log(format!(
+            "capacity: provider alone {:.0} charges/s, each call p50 {:.2} ms p99 {:.2} ms{}",
+            drained.per_second,
+            ms.p50,
+            ms.p99,
+            match calls.failed {
+                0 => String::new(),
+                n => format!(", {n} failed"),
+            }
+        ));
+        Ok((drained, ms, calls.failed))
+    }
 }
 
 /// Phase 3, run piecewise inside phase 2: pgbench on fresh databases of the same schema,
@@ -826,22 +885,35 @@ async fn fresh_stack(settings: &Settings) -> anyhow::Result<(Databases, Stack, S
     databases.recreate().await?;
     fresh_topics(settings, &namespace).await?;
 
+    // The order API on the first port, then payment-service and notification-service,
+    // then the provider, which payment-service is pointed at.
+    let provider_port = settings.first_port + 3;
     let mut specs = BTreeMap::new();
     for (i, (name, database)) in SERVICES
         .into_iter()
+        .chain([PROVIDER])
         .zip([
             Database::Orders,
             Database::Payments,
             Database::Notifications,
+            Database::Provider,
         ])
         .enumerate()
     {
+        let env = match name {
+            "payment-service" => vec![(
+                "PROVIDER_URL".to_owned(),
+                format!("http://127.0.0.1:{provider_port}"),
+            )],
+            _ => Vec::new(),
+        };
         specs.insert(
             name,
             ServiceSpec {
                 name,
                 database_url: databases.url(database),
                 port: settings.first_port + i as u16,
+                env,
             },
         );
     }
@@ -1118,11 +1190,13 @@ fn assemble(
             .find(|c| c.name == name)
             .map_or(f64::NAN, |c| c.events_per_second)
     };
-    // Per order: one create, charge, apply and notify, and four outbox rows published
-    // (order.created, payment result, outcome, notification.sent), all on one server.
+    // Per order: one create, charge (its read-ahead included), provider's charge, apply
+    // and notify, and four outbox rows published (order.created, payment result,
+    // outcome, notification.sent), all on one server.
     let ceiling_orders_per_second = 1.0
         / (1.0 / rate("create")
             + 1.0 / rate("charge")
+            + 1.0 / rate("provider")
             + 1.0 / rate("apply")
             + 1.0 / rate("notify")
             + 4.0 / rate("relay"));
@@ -1143,15 +1217,30 @@ fn assemble(
             .find(|c| c.name == name)
             .map_or(0, |c| c.connections)
     };
+    let provider_call = ProviderCall::new(
+        &capacity,
+        settings.partitions as u32,
+        settings.consumer_batch,
+        rate,
+    );
     let ratios = vec![
         Ratio::new(
             format!(
-                "payment-service consumer, ChargeOrder ({} conns)",
+                "payment-service consumer, ChargeOrder with the provider call ({} conns)",
                 connections("charge")
             ),
             capacity.charge.per_second,
-            rate("charge"),
+            provider_call.ceiling_with_call,
             Some(0.70),
+        ),
+        Ratio::new(
+            format!(
+                "payment-provider alone, POST /v1/charges ({} conns)",
+                connections("provider")
+            ),
+            capacity.provider_alone.per_second,
+            rate("provider"),
+            None,
         ),
         Ratio::new(
             format!(
@@ -1216,7 +1305,7 @@ fn assemble(
     ];
 
     let mut services = BTreeMap::new();
-    for name in SERVICES {
+    for name in SERVICES.into_iter().chain([PROVIDER]) {
         let usage = stack.totals.get(name).cloned().unwrap_or_default();
         let peak_rss_mib = usage.peak_rss_kib as f64 / 1024.0;
         services.insert(
@@ -1257,6 +1346,7 @@ fn assemble(
         max_sustained_per_second,
         half_load_step,
         capacity,
+        provider_call,
         pruning,
         ceilings,
         ceiling_orders_per_second,

@@ -7,6 +7,15 @@
 //! and a call to `outbox::enqueue` stands for the outbox insert in `crates/saga/src/outbox.rs`.
 //! The handlers keep their SQL at the call site, where a reader of the guards sees it.
 //!
+//! An order's cost is not only its transactions: ChargeOrder reads ahead before it calls
+//! the card provider (autocommitted, outside its transaction), and the provider commits a
+//! transaction of its own for every charge, in its own database on the same server. So the
+//! `charge` script runs the read-ahead before its `BEGIN`, and the provider's charge is a
+//! transaction here like the handlers' (`provider`), part of every order's cost in the
+//! end-to-end ceiling and of ChargeOrder's own. `charge without call` is the transaction
+//! alone, the whole of ChargeOrder's SQL before the call, measured in the same run so that
+//! what the call adds can be told from what the machine does that day.
+//!
 //! What the code cannot say is which values a statement is run with; each transaction
 //! below gives one binding per statement, checked against the extracted statement (its
 //! opening words and its number of `$n` parameters). A statement added, removed or
@@ -43,18 +52,23 @@ pub const OUTBOX: Source = Source {
     path: "crates/saga/src/outbox.rs",
     text: include_str!("../../saga/src/outbox.rs"),
 };
+pub const PROVIDER_CHARGES: Source = Source {
+    path: "crates/payment-provider/src/charges.rs",
+    text: include_str!("../../payment-provider/src/charges.rs"),
+};
 
 /// Every source file above, for the drift check.
-pub const SOURCES: [&Source; 5] = [
+pub const SOURCES: [&Source; 6] = [
     &ORDERS,
     &APPLY_PAYMENT_RESULT,
     &CHARGE_ORDER,
     &NOTIFY_CUSTOMER,
     &OUTBOX,
+    &PROVIDER_CHARGES,
 ];
 
 /// Functions in those files whose SQL is deliberately not benchmarked, and why.
-pub const NOT_BENCHMARKED: [(&str, &str); 3] = [
+pub const NOT_BENCHMARKED: [(&str, &str); 4] = [
     (
         "find_order",
         "GET /v1/orders/{id}: a read, not a step of the saga",
@@ -64,8 +78,12 @@ pub const NOT_BENCHMARKED: [(&str, &str); 3] = [
         "the relay's advisory lock, taken once per session, not per batch",
     ),
     (
-        "already_handled",
-        "ChargeOrder's read ahead of the provider call, outside the transaction: it is part of the call's cost, measured with the call by the capacity phase",
+        "list_charges",
+        "GET /v1/charges: the provider's list for a person counting an order's charges",
+    ),
+    (
+        "get_charge",
+        "GET /v1/charges/{id}: a read at the provider, not a step of the saga",
     ),
 ];
 
@@ -312,6 +330,15 @@ pub enum Database {
     Orders,
     Payments,
     Notifications,
+    /// payment-provider's: charges and keys, no inbox and no outbox.
+    Provider,
+}
+
+/// Statements of another function of the same source that run before a transaction,
+/// each on its own (autocommitted), with their values.
+pub struct Ahead {
+    pub function: &'static str,
+    pub bindings: Vec<Binding>,
 }
 
 /// One handler transaction, as the benchmark runs it under pgbench.
@@ -324,6 +351,8 @@ pub struct Transaction {
     pub function: &'static str,
     /// pgbench `\set` lines run before it (random ids).
     pub variables: Vec<String>,
+    /// What the handler runs before its transaction opens: ChargeOrder's read-ahead.
+    pub ahead: Option<Ahead>,
     /// Statements of the function that this transaction does not run, by their opening
     /// words: those of another path through it (with a key or without, a replay).
     pub skips: Vec<&'static str>,
@@ -430,6 +459,7 @@ impl Transaction {
             database: Database::Orders,
             source: &ORDERS,
             function: "place_order",
+            ahead: None,
             variables: vec![r"\set r random(1, 9000000000000000000)".into()],
             // Only a replay reads the stored answer back.
             skips: vec!["SELECT fingerprint"],
@@ -490,20 +520,43 @@ impl Transaction {
         self
     }
 
-    /// payment-service's ChargeOrder: inbox, payment, `payment.succeeded` in the outbox.
+    /// payment-service's ChargeOrder, what it runs in its own database for an event: the
+    /// read-ahead (has this event, or this order, been handled?), which decides whether
+    /// the provider is called, then inbox, payment, `payment.succeeded` in the outbox.
+    /// The provider's side of the call is [`Transaction::provider`]. Both lookups of the
+    /// read-ahead miss, as they do for every new order.
     pub fn charge() -> Self {
+        Self {
+            name: "charge",
+            what: "ChargeOrder: read-ahead, then inbox + payment + outbox",
+            ahead: Some(Ahead {
+                function: "already_handled",
+                bindings: vec![Binding {
+                    starts_with: "SELECT EXISTS (SELECT 1 FROM processed_events",
+                    values: vec![format!("{ORDER_ID}::text"), ORDER_ID.into()],
+                }],
+            }),
+            ..Self::charge_without_call()
+        }
+    }
+
+    /// ChargeOrder's transaction alone, without the read-ahead and the provider's charge:
+    /// all of its SQL before it called the provider, and so the ceiling the runs made
+    /// before then were measured against.
+    pub fn charge_without_call() -> Self {
         let payload = saga::events::PaymentResult {
             order_id: sample_order_id(),
             amount_cents: PRICE_CENTS * i64::from(QUANTITY),
             reason: None,
         };
         Self {
-            name: "charge",
-            what: "ChargeOrder: inbox + payment + outbox",
+            name: "charge without call",
+            what: "ChargeOrder's transaction alone: inbox + payment + outbox",
             database: Database::Payments,
             source: &CHARGE_ORDER,
             function: "charge_order",
             variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            ahead: None,
             skips: Vec::new(),
             bindings: vec![
                 Binding {
@@ -533,6 +586,66 @@ impl Transaction {
         }
     }
 
+    /// payment-provider's charge for a key it has not seen, as `POST /v1/charges` makes it
+    /// for every order payment-service asks about: the key claimed with the answer it
+    /// will give, the charge, one commit, in the provider's own database on the same
+    /// server as the saga's. Run at the consumer's connections: a transaction per event,
+    /// payment-service makes one call per partition at a time.
+    pub fn provider() -> Self {
+        let amount_cents = PRICE_CENTS * i64::from(QUANTITY);
+        let charge_id = format!("'ch_' || md5({ORDER_ID}::text)");
+        // The answer's fields as the provider stores them (no colons in its time: pgbench
+        // would read `:34` as a variable).
+        let answer = serde_json::json!({ "id": format!("ch_{}", sample_order_id().simple()),
+            "amount_cents": amount_cents, "currency": payment_service::charge_order::CURRENCY,
+            "reference": sample_order_id(), "status": "succeeded",
+            "created_at": "2026-12-01T09 34 33.155518Z" });
+        Self {
+            name: "provider",
+            what: "payment-provider's charge: key and answer + charge",
+            database: Database::Provider,
+            source: &PROVIDER_CHARGES,
+            function: "charge",
+            variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            ahead: None,
+            // Only a replay reads the stored answer back.
+            skips: vec!["SELECT fingerprint"],
+            bindings: vec![
+                Binding {
+                    starts_with: "SELECT now(), set_config('lock_timeout'",
+                    // The provider's default IDEMPOTENCY_KEY_WAIT.
+                    values: vec![text("2000ms")],
+                },
+                Binding {
+                    starts_with: "INSERT INTO idempotency_keys",
+                    values: vec![
+                        // `<order id>:charge`, its length kept; `-` for the `:` pgbench
+                        // would misread.
+                        format!("{ORDER_ID}::text || '-charge'"),
+                        "sha256((:r::text)::bytea)".into(),
+                        charge_id.clone(),
+                        "201".into(),
+                        json_text(&answer),
+                        "86400.0".into(),
+                    ],
+                },
+                Binding {
+                    starts_with: "INSERT INTO charges",
+                    values: vec![
+                        charge_id,
+                        format!("{ORDER_ID}::text"),
+                        amount_cents.to_string(),
+                        text(payment_service::charge_order::CURRENCY),
+                        text("succeeded"),
+                        "NULL".into(),
+                        "NULL".into(),
+                        "now()".into(),
+                    ],
+                },
+            ],
+        }
+    }
+
     /// order-service's ApplyPaymentResult on one of [`PENDING_ORDERS`] pending orders,
     /// picked at random: inbox, `SELECT … FOR UPDATE`, status, `order.confirmed`. Picking
     /// an order twice updates it once more, which costs the same as the first time.
@@ -549,6 +662,7 @@ impl Transaction {
             database: Database::Orders,
             source: &APPLY_PAYMENT_RESULT,
             function: "apply_payment_result",
+            ahead: None,
             variables: vec![
                 r"\set r random(1, 9000000000000000000)".into(),
                 format!(r"\set i random(1, {PENDING_ORDERS})"),
@@ -601,6 +715,7 @@ impl Transaction {
             database: Database::Notifications,
             source: &NOTIFY_CUSTOMER,
             function: "notify_customer",
+            ahead: None,
             variables: vec![r"\set r random(1, 9000000000000000000)".into()],
             skips: Vec::new(),
             bindings: vec![
@@ -641,6 +756,7 @@ impl Transaction {
             database: Database::Orders,
             source: &OUTBOX,
             function: "publish_batch",
+            ahead: None,
             variables: Vec::new(),
             skips: Vec::new(),
             bindings: vec![
@@ -661,6 +777,8 @@ impl Transaction {
             Self::create(),
             Self::create_keyed(),
             Self::charge(),
+            Self::charge_without_call(),
+            Self::provider(),
             Self::apply(),
             Self::notify(),
             Self::relay(),
@@ -672,9 +790,10 @@ impl Transaction {
         extract(self.source, self.function)
     }
 
-    /// The pgbench script: the handler's statements with their bindings, inside
-    /// `BEGIN … COMMIT` when the handler opens a transaction. Fails, naming the
-    /// statement, when the source and the bindings no longer fit each other.
+    /// The pgbench script: the statements the handler runs ahead of its transaction, each
+    /// autocommitted, then its own statements with their bindings, inside `BEGIN …
+    /// COMMIT` when the handler opens a transaction. Fails, naming the statement, when
+    /// the source and the bindings no longer fit each other.
     pub fn pgbench_script(&self) -> anyhow::Result<String> {
         let mut extracted = self.extracted()?;
         let place = format!("{} `{}`", self.source.path, self.function);
@@ -689,30 +808,67 @@ impl Transaction {
                 );
             }
         }
-        if extracted.statements.len() != self.bindings.len() {
-            bail!(
-                "{place} runs {} statements, the benchmark binds {}: update crates/bench/src/sql.rs\n{}",
-                extracted.statements.len(),
-                self.bindings.len(),
-                extracted
-                    .statements
-                    .iter()
-                    .map(|s| format!("  {}", one_line(s)))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-        }
+        let ahead = match &self.ahead {
+            Some(ahead) => {
+                let place = format!("{} `{}`", self.source.path, ahead.function);
+                let extracted = extract(self.source, ahead.function)?;
+                if extracted.transactional {
+                    bail!(
+                        "{place} runs in a transaction, the benchmark runs it autocommitted: update crates/bench/src/sql.rs"
+                    );
+                }
+                bound(&place, &extracted.statements, &ahead.bindings)?
+            }
+            None => Vec::new(),
+        };
+        let statements = bound(&place, &extracted.statements, &self.bindings)?;
+        let functions = match &self.ahead {
+            Some(ahead) => format!("`{}`, then `{}`", ahead.function, self.function),
+            None => format!("`{}`", self.function),
+        };
         let mut script = format!(
-            "-- {}: {} ({place}), generated by `loadgen pgbench-scripts`\n",
-            self.name, self.what
+            "-- {}: {} ({} {functions}), generated by `loadgen pgbench-scripts`\n",
+            self.name, self.what, self.source.path
         );
         for line in &self.variables {
             writeln!(script, "{line}").expect("writing to a String");
         }
+        for statement in &ahead {
+            writeln!(script, "{statement};").expect("writing to a String");
+        }
         if extracted.transactional {
             script.push_str("BEGIN;\n");
         }
-        for (statement, binding) in extracted.statements.iter().zip(&self.bindings) {
+        for statement in &statements {
+            writeln!(script, "{statement};").expect("writing to a String");
+        }
+        if extracted.transactional {
+            script.push_str("COMMIT;\n");
+        }
+        check_variables(&script)?;
+        Ok(script)
+    }
+}
+
+/// `statements` (of the function at `place`) on one line each, with `bindings`' values in
+/// place of their parameters; an error when the two no longer fit each other.
+fn bound(place: &str, statements: &[String], bindings: &[Binding]) -> anyhow::Result<Vec<String>> {
+    if statements.len() != bindings.len() {
+        bail!(
+            "{place} runs {} statements, the benchmark binds {}: update crates/bench/src/sql.rs\n{}",
+            statements.len(),
+            bindings.len(),
+            statements
+                .iter()
+                .map(|s| format!("  {}", one_line(s)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    statements
+        .iter()
+        .zip(bindings)
+        .map(|(statement, binding)| {
             let sql = one_line(statement);
             if !sql.starts_with(binding.starts_with) {
                 bail!(
@@ -727,14 +883,9 @@ impl Transaction {
                     binding.values.len()
                 );
             }
-            writeln!(script, "{};", bind(&sql, &binding.values)).expect("writing to a String");
-        }
-        if extracted.transactional {
-            script.push_str("COMMIT;\n");
-        }
-        check_variables(&script)?;
-        Ok(script)
-    }
+            Ok(bind(&sql, &binding.values))
+        })
+        .collect()
 }
 
 /// Every `:name` pgbench would substitute must be one of [`VARIABLES`].
@@ -790,8 +941,45 @@ mod tests {
     }
 
     #[test]
+    fn the_charge_reads_ahead_outside_its_transaction() {
+        let script = Transaction::charge().pgbench_script().unwrap();
+        let read_ahead = script.find("SELECT EXISTS").expect("the read-ahead is run");
+        let begin = script.find("BEGIN;").expect("the transaction is run");
+        assert!(read_ahead < begin, "{script}");
+        let alone = Transaction::charge_without_call().pgbench_script().unwrap();
+        assert!(!alone.contains("SELECT EXISTS"), "{alone}");
+        assert_eq!(
+            script.lines().filter(|l| !l.starts_with("--")).count(),
+            alone.lines().filter(|l| !l.starts_with("--")).count() + 1
+        );
+    }
+
+    #[test]
+    fn the_providers_charge_claims_the_key_and_inserts_the_charge_in_one_transaction() {
+        let provider = Transaction::provider();
+        assert!(provider.extracted().unwrap().transactional);
+        let script = provider.pgbench_script().unwrap();
+        // A statement may span lines (the stored answer's JSON); each ends with `;`.
+        let ends = script.lines().filter(|l| l.ends_with(';')).count();
+        assert_eq!(ends, 5, "BEGIN, three statements, COMMIT:\n{script}");
+        let at = |text: &str| {
+            script
+                .find(text)
+                .unwrap_or_else(|| panic!("{text}: {script}"))
+        };
+        assert!(at("BEGIN;") < at("INSERT INTO idempotency_keys"));
+        assert!(at("INSERT INTO idempotency_keys") < at("INSERT INTO charges"));
+        assert!(at("INSERT INTO charges") < at("COMMIT;"));
+        assert!(!script.contains("SELECT fingerprint"), "a replay's read");
+    }
+
+    #[test]
     fn every_function_with_sql_in_those_files_is_benchmarked_or_said_not_to_be() {
-        let benchmarked: Vec<&str> = Transaction::all().iter().map(|t| t.function).collect();
+        let benchmarked: Vec<&str> = Transaction::all()
+            .iter()
+            .flat_map(|t| [Some(t.function), t.ahead.as_ref().map(|a| a.function)])
+            .flatten()
+            .collect();
         for source in SOURCES {
             for (name, extracted) in functions_with_sql(source).unwrap() {
                 let known = benchmarked.contains(&name.as_str())

@@ -45,6 +45,11 @@ mod embedded {
     refinery::embed_migrations!("../../migrations/provider");
 }
 
+/// The provider's migrations (`migrations/provider`), its database's only ones.
+pub fn migrations() -> refinery::Runner {
+    embedded::migrations::runner()
+}
+
 /// Where the provider's migrations record what they applied.
 pub const HISTORY_TABLE: &str = "provider_schema_history";
 
@@ -125,11 +130,7 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {}", config.http_addr))?;
         saga::db::migrate_when_reachable(|| {
-            saga::db::migrate_alone(
-                &config.database_url,
-                embedded::migrations::runner,
-                HISTORY_TABLE,
-            )
+            saga::db::migrate_alone(&config.database_url, migrations, HISTORY_TABLE)
         })
         .await
         .context("cannot migrate the database")?;

@@ -83,7 +83,8 @@ struct BenchArgs {
     /// what the pgbench ceiling runs; more shows how far past it batches go.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     consumer_batch: u32,
-    /// HTTP ports of the three services: this one and the next two.
+    /// HTTP ports: order-service on this one, payment-service and notification-service on
+    /// the next two, the card provider (payment-provider) on the one after.
     #[arg(long, default_value_t = 18080)]
     first_port: u16,
     /// The run's folder: service logs, pgbench scripts, result.json, table.md, chart.png.
