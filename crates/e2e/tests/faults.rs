@@ -359,6 +359,14 @@ async fn a_third_of_the_providers_answers_lost_after_it_charged_are_absorbed_by_
         "every lost answer was asked for again and replayed: {}",
         findings.provider
     );
+    // One charge per order in the provider's database (the checker's); its own count
+    // must agree, calls whose caller hung up included.
+    assert_eq!(
+        stat("charged") + stat("declined"),
+        findings.orders as u64,
+        "charges the provider counted vs orders: {}",
+        findings.provider
+    );
 }
 
 /// The same lost answers, with payment-service sending a new key on each call: the retry

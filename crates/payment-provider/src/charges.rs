@@ -116,20 +116,35 @@ async fn create_charge(
     let fingerprint = Fingerprint::of("POST", CHARGES, &body);
     let request = validate(&body)?;
 
-    let decided = charge(&state.pool, state.rules, &key, fingerprint, &request).await?;
-    let (status, location) = (decided.status, format!("{CHARGES}/{}", decided.charge_id));
-    let response = if decided.replayed {
-        Stats::count(&state.stats.replayed);
-        tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, "charge replayed for its idempotency key");
-        idempotency::replay(status, &location, decided.body)
-    } else {
-        if status == StatusCode::CREATED {
-            Stats::count(&state.stats.charged);
-        } else {
-            Stats::count(&state.stats.declined);
+    // A card processor finishes what it started when its caller hangs up: hyper drops
+    // this handler when the connection closes, so the charge runs in a task of its own,
+    // and a charge committed for a caller who left is counted and logged like any other.
+    let work = tokio::spawn({
+        let (state, key) = (state.clone(), key.clone());
+        async move {
+            let decided = charge(&state.pool, state.rules, &key, fingerprint, &request).await?;
+            if decided.replayed {
+                Stats::count(&state.stats.replayed);
+                tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, "charge replayed for its idempotency key");
+            } else {
+                if decided.status == StatusCode::CREATED {
+                    Stats::count(&state.stats.charged);
+                } else {
+                    Stats::count(&state.stats.declined);
+                }
+                tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, amount_cents = request.amount_cents, status = decided.status.as_u16(), "charge decided");
+            }
+            Ok::<_, ProviderError>(decided)
         }
-        tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, amount_cents = request.amount_cents, status = status.as_u16(), "charge decided");
-        idempotency::response(status, &location, decided.body)
+    });
+    let decided = work
+        .await
+        .map_err(|error| ProviderError::Internal(error.into()))??;
+    let location = format!("{CHARGES}/{}", decided.charge_id);
+    let response = if decided.replayed {
+        idempotency::replay(decided.status, &location, decided.body)
+    } else {
+        idempotency::response(decided.status, &location, decided.body)
     };
     if fault == Some(Kind::LoseResponse) {
         Stats::count(&state.stats.lost_responses);
