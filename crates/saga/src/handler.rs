@@ -11,7 +11,7 @@
 use std::future::Future;
 
 use deadpool_postgres::{Pool, Transaction};
-use futures::future::try_join_all;
+use futures::future::join_all;
 
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::failpoint;
@@ -209,13 +209,14 @@ impl<H: Handler> Applier<H> {
     ///
     /// The events are prepared together before the transaction opens, each seeing only
     /// what was committed before the batch: a remote call per event need not wait for the
-    /// one before it.
+    /// one before it. Each runs to its end even when another fails, so that no call is
+    /// cut off half way (its answer lost to us, its effect perhaps made) for nothing.
     pub async fn apply_batch(&self, events: &[Envelope]) -> Result<Vec<Outcome>, HandlerError> {
         let commands = events
             .iter()
             .map(|event| self.handler.decode(event))
             .collect::<Result<Vec<_>, _>>()?;
-        let steps = try_join_all(
+        let steps = join_all(
             events
                 .iter()
                 .zip(commands)
@@ -226,7 +227,9 @@ impl<H: Handler> Applier<H> {
                     }
                 }),
         )
-        .await?;
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
         // Nothing to apply (every event ignored, or done before its call): no transaction.
         let done = steps
             .iter()
