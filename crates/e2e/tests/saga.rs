@@ -134,6 +134,10 @@ async fn an_order_created_replayed_by_hand_charges_once() {
     );
     assert_eq!(payments.count("SELECT count(*) FROM outbox", &[]).await, 1);
     assert_eq!(stack.kafka.read_all(&topics.payments).await.len(), 1);
+    // The replay was a known duplicate before any call: the provider was asked once.
+    let provider = stack.provider();
+    assert_eq!(provider.charges_for(&order_id.to_string()).await.len(), 1);
+    assert_eq!(provider.stats().await["calls"], 1);
 }
 
 #[tokio::test]
