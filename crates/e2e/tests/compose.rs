@@ -420,7 +420,10 @@ fn the_image_builds_the_services_the_compose_file_runs_and_the_operator_tools() 
         .split_whitespace()
         .map(str::to_owned)
         .collect();
-    assert_eq!(copied, built, "{DOCKERFILE}: the binaries copied into the image vs built");
+    assert_eq!(
+        copied, built,
+        "{DOCKERFILE}: the binaries copied into the image vs built"
+    );
     let compose = Compose::load();
     let mut wanted: BTreeSet<String> = compose
         .built_services()
