@@ -77,18 +77,6 @@ impl Provider {
             body,
         })
     }
-
-    async fn charges_for(&self, reference: &str) -> Vec<Value> {
-        self.admin.charges_for(reference).await
-    }
-
-    async fn arm(&self, fault: Value) {
-        self.admin.arm(fault).await
-    }
-
-    async fn stats(&self) -> Value {
-        self.admin.stats().await
-    }
 }
 
 fn request(reference: &str, amount_cents: i64) -> Value {
@@ -113,10 +101,10 @@ async fn a_key_charges_once_and_every_retry_gets_the_first_answer() {
         assert_eq!(again.body, first.body);
     }
 
-    let charges = provider.charges_for("order-1").await;
+    let charges = provider.admin.charges_for("order-1").await;
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0], first.body);
-    let stats = provider.stats().await;
+    let stats = provider.admin.stats().await;
     assert_eq!(
         (
             stats["calls"].as_u64(),
@@ -141,7 +129,7 @@ async fn above_the_limit_is_declined_with_its_reason_and_the_decline_is_replayed
     assert!(again.replayed);
     assert_eq!(again.body, declined.body);
 
-    let charges = provider.charges_for("order-2").await;
+    let charges = provider.admin.charges_for("order-2").await;
     assert_eq!(charges.len(), 1);
     assert_eq!(charges[0]["status"], "failed");
     assert_eq!(charges[0]["id"], declined.body["error"]["charge"]);
@@ -161,7 +149,7 @@ async fn a_used_key_with_another_request_is_refused_and_charges_nothing() {
         .unwrap();
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(other.body["error"]["code"], "idempotency_key_reused");
-    assert_eq!(provider.charges_for("order-3").await.len(), 1);
+    assert_eq!(provider.admin.charges_for("order-3").await.len(), 1);
 }
 
 #[tokio::test]
@@ -206,7 +194,7 @@ async fn a_charge_without_a_key_or_with_a_bad_field_is_refused_naming_what_is_wr
         assert_eq!(refused.body["error"]["code"], "invalid_field", "{body}");
         assert_eq!(refused.body["error"]["field"], field, "{body}");
     }
-    assert!(provider.charges_for("order-4").await.is_empty());
+    assert!(provider.admin.charges_for("order-4").await.is_empty());
 }
 
 /// Calls racing with one key: every one gets the same charge, and one is made.
@@ -229,7 +217,7 @@ async fn calls_racing_with_one_key_make_one_charge() {
             .collect();
         assert!(ids.iter().all(|id| *id == ids[0]), "round {round}: {ids:?}");
         assert_eq!(
-            provider.charges_for(&reference).await.len(),
+            provider.admin.charges_for(&reference).await.len(),
             1,
             "round {round}"
         );
@@ -241,13 +229,14 @@ async fn a_lost_answer_leaves_the_charge_made_and_the_retry_gets_it() {
     let provider = provider().await;
     let body = request("order-5", 900);
     provider
+        .admin
         .arm(json!({"kind": "lose-response", "next": 1}))
         .await;
 
     let lost = provider.charge(Some("k-5"), &body).await;
     let error = lost.err().expect("the answer is lost, not sent");
     assert!(!error.is_status() && !error.is_timeout(), "{error:?}");
-    let made = provider.charges_for("order-5").await;
+    let made = provider.admin.charges_for("order-5").await;
     assert_eq!(
         made.len(),
         1,
@@ -258,8 +247,8 @@ async fn a_lost_answer_leaves_the_charge_made_and_the_retry_gets_it() {
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(retry.replayed);
     assert_eq!(retry.body["id"], made[0]["id"]);
-    assert_eq!(provider.charges_for("order-5").await.len(), 1);
-    assert_eq!(provider.stats().await["lost_responses"], 1);
+    assert_eq!(provider.admin.charges_for("order-5").await.len(), 1);
+    assert_eq!(provider.admin.stats().await["lost_responses"], 1);
 }
 
 #[tokio::test]
@@ -267,6 +256,7 @@ async fn an_unavailable_provider_charges_nothing_until_it_is_back() {
     let provider = provider().await;
     let body = request("order-6", 900);
     provider
+        .admin
         .arm(json!({"kind": "unavailable", "next": 2}))
         .await;
 
@@ -274,7 +264,7 @@ async fn an_unavailable_provider_charges_nothing_until_it_is_back() {
         let refused = provider.charge(Some("k-6"), &body).await.unwrap();
         assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(refused.body["error"]["code"], "unavailable");
-        assert!(provider.charges_for("order-6").await.is_empty());
+        assert!(provider.admin.charges_for("order-6").await.is_empty());
     }
     let charged = provider.charge(Some("k-6"), &body).await.unwrap();
     assert_eq!(charged.status, StatusCode::CREATED);
@@ -288,6 +278,7 @@ async fn a_slow_call_given_up_on_and_retried_with_its_key_charges_once() {
     let provider = provider().await;
     let body = request("order-7", 900);
     provider
+        .admin
         .arm(json!({"kind": "slow", "delay_ms": 400, "next": 1}))
         .await;
 
@@ -297,7 +288,7 @@ async fn a_slow_call_given_up_on_and_retried_with_its_key_charges_once() {
     assert!(gave_up.err().is_some_and(|e| e.is_timeout()));
     let retry = provider.charge(Some("k-7"), &body).await.unwrap();
     assert_eq!(retry.status, StatusCode::CREATED);
-    let charges = provider.charges_for("order-7").await;
+    let charges = provider.admin.charges_for("order-7").await;
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0]["id"], retry.body["id"]);
 }

@@ -121,6 +121,15 @@ impl Fixture {
     }
 }
 
+/// A new order's `order.created` as order-service writes it: its id is the order's.
+fn created_by_order_service(amount_cents: i64) -> (Uuid, Envelope) {
+    let order_id = Uuid::new_v4();
+    (
+        order_id,
+        order_created(&order_id.to_string(), order_id, amount_cents),
+    )
+}
+
 fn order_created(id: &str, order_id: Uuid, amount_cents: i64) -> Envelope {
     let raw = saga_testkit::envelope(
         id,
@@ -135,12 +144,9 @@ fn order_created(id: &str, order_id: Uuid, amount_cents: i64) -> Envelope {
 async fn an_order_within_the_limit_is_charged_and_the_result_id_derives_from_the_event() {
     let f = fixture().await;
     let handler = f.handler();
-    let order_id = Uuid::new_v4();
+    let (order_id, event) = created_by_order_service(2598);
 
-    let outcome = handler
-        .apply(&order_created(&order_id.to_string(), order_id, 2598))
-        .await
-        .unwrap();
+    let outcome = handler.apply(&event).await.unwrap();
 
     assert_eq!(outcome, Outcome::Applied);
     assert_eq!(
@@ -455,8 +461,7 @@ async fn a_lost_answer_and_the_retry_record_the_first_charge_once() {
     let f = fixture().await;
     let handler = f.handler();
     for round in 0..5 {
-        let order_id = Uuid::new_v4();
-        let event = order_created(&order_id.to_string(), order_id, 2598);
+        let (order_id, event) = created_by_order_service(2598);
         f.provider
             .arm(json!({"kind": "lose-response", "next": 1}))
             .await;
@@ -486,8 +491,7 @@ async fn a_lost_answer_and_the_retry_record_the_first_charge_once() {
 #[tokio::test]
 async fn a_provider_that_is_down_is_waited_out_and_decides_nothing_meanwhile() {
     let f = fixture().await;
-    let order_id = Uuid::new_v4();
-    let event = order_created(&order_id.to_string(), order_id, 2598);
+    let (order_id, event) = created_by_order_service(2598);
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let nowhere = format!("http://{}", closed.local_addr().unwrap());
@@ -518,8 +522,7 @@ async fn a_provider_that_is_down_is_waited_out_and_decides_nothing_meanwhile() {
 async fn a_provider_slower_than_the_timeout_is_asked_again_and_charges_once() {
     let f = fixture().await;
     let handler = f.handler();
-    let order_id = Uuid::new_v4();
-    let event = order_created(&order_id.to_string(), order_id, 2598);
+    let (order_id, event) = created_by_order_service(2598);
     f.provider
         .arm(json!({"kind": "slow", "delay_ms": 1500, "next": 1}))
         .await;
@@ -548,13 +551,9 @@ async fn a_provider_slower_than_the_timeout_is_asked_again_and_charges_once() {
 #[tokio::test]
 async fn a_request_the_provider_refuses_as_wrong_is_rejected_with_its_answer() {
     let f = fixture().await;
-    let order_id = Uuid::new_v4();
+    let (order_id, event) = created_by_order_service(0);
 
-    let error = f
-        .handler()
-        .apply(&order_created(&order_id.to_string(), order_id, 0))
-        .await
-        .unwrap_err();
+    let error = f.handler().apply(&event).await.unwrap_err();
 
     assert_eq!(error.retry(), Retry::Never);
     let reason = error.to_string();
@@ -570,7 +569,7 @@ async fn a_request_the_provider_refuses_as_wrong_is_rejected_with_its_answer() {
 #[tokio::test]
 async fn an_order_whose_key_charged_another_amount_is_rejected_not_charged_again() {
     let f = fixture().await;
-    let order_id = Uuid::new_v4();
+    let (order_id, event) = created_by_order_service(2598);
     let key = payment_service::charge_order::charge_key(order_id);
     let (status, _) = f
         .provider
@@ -581,11 +580,7 @@ async fn an_order_whose_key_charged_another_amount_is_rejected_not_charged_again
         .await;
     assert_eq!(status, 201);
 
-    let error = f
-        .handler()
-        .apply(&order_created(&order_id.to_string(), order_id, 2598))
-        .await
-        .unwrap_err();
+    let error = f.handler().apply(&event).await.unwrap_err();
 
     assert_eq!(error.retry(), Retry::Never);
     assert!(
