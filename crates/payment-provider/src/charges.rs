@@ -64,7 +64,7 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// A charge as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Charge {
     pub id: String,
     pub amount_cents: i64,

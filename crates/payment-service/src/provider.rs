@@ -93,11 +93,11 @@ impl Provider {
             .json(request)
             .send()
             .await
-            .map_err(|error| unavailable(describe(&error)))?;
+            .map_err(|error| unavailable(describe(error)))?;
         let status = response.status();
         let replayed = response.headers().contains_key(idempotency::REPLAYED);
         let body = response.text().await.map_err(|error| {
-            unavailable(format!("{status}, answer cut short: {}", describe(&error)))
+            unavailable(format!("{status}, answer cut short: {}", describe(error)))
         })?;
         let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
         match status {
@@ -130,15 +130,9 @@ impl Provider {
     }
 }
 
-/// reqwest's `Display` names only the URL; the cause (timed out, refused, closed before
-/// the answer) is what tells an operator what happened.
-fn describe(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+/// reqwest's `Display` names only the URL; the causes (timed out, refused, closed before
+/// the answer) are what tell an operator what happened, and anyhow's alternate form
+/// prints them all.
+fn describe(error: reqwest::Error) -> String {
+    format!("{:#}", anyhow::Error::new(error))
 }
