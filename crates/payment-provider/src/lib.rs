@@ -30,7 +30,7 @@ use clap::Parser;
 use clap::builder::TypedValueParser as _;
 use deadpool_postgres::Pool;
 use saga::config::{KeyConfig, PruneConfig};
-use saga::retention::{Pruner, Target};
+use saga::retention::Target;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -169,20 +169,12 @@ impl Application {
         let router = charges::router(state.clone())
             .merge(admin(state))
             .merge(saga::http::health(self.pool.clone()));
-        let pruner = self
-            .config
-            .pruning
-            .pace()
-            .map(|pace| {
-                Pruner::new(
-                    &self.config.database_url,
-                    vec![Target::idempotency_keys(
-                        self.config.keys.idempotency_key_ttl,
-                    )],
-                    pace,
-                )
-            })
-            .transpose()?;
+        let pruner = self.config.pruning.pruner(
+            &self.config.database_url,
+            vec![Target::idempotency_keys(
+                self.config.keys.idempotency_key_ttl,
+            )],
+        )?;
         tracing::info!(service = SERVICE, addr = %self.local_addr(), "service started");
         let pruning = pruner.map(|pruner| tokio::spawn(pruner.run(shutdown.clone())));
         axum::serve(

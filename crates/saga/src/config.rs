@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::TypedValueParser as _;
 
-use crate::retention::{Pace, Window};
+use crate::retention::{Pace, Pruner, Target, Window};
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseConfig {
@@ -131,16 +131,22 @@ pub struct PruneConfig {
 }
 
 impl PruneConfig {
-    /// The pruner's pace, or `None` when it is off.
-    pub fn pace(&self) -> Option<Pace> {
-        match self.prune_interval {
-            Window::Of(interval) => Some(Pace {
-                interval,
-                batch: self.prune_batch,
-                duty_cycle: self.prune_duty_cycle,
-            }),
-            Window::Off => None,
-        }
+    /// The pruner of `targets` in `database_url`'s database at this pace, or `None` when
+    /// pruning is off.
+    pub fn pruner(
+        &self,
+        database_url: &str,
+        targets: Vec<Target>,
+    ) -> anyhow::Result<Option<Pruner>> {
+        let Window::Of(interval) = self.prune_interval else {
+            return Ok(None);
+        };
+        let pace = Pace {
+            interval,
+            batch: self.prune_batch,
+            duty_cycle: self.prune_duty_cycle,
+        };
+        Pruner::new(database_url, targets, pace).map(Some)
     }
 }
 

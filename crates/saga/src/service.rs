@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{DatabaseConfig, KafkaConfig, RetentionConfig};
 use crate::consumer::{self, ConsumerSettings};
 use crate::db;
-use crate::retention::{self, Pruner, Target, Window};
+use crate::retention::{self, Target, Window};
 use crate::{Applier, Handler, OutboxRelay, Topics, backoff};
 
 /// A service between start-up and shutdown.
@@ -119,12 +119,7 @@ impl Service {
         };
         let mut pruned = Target::saga_tables(inbox, self.retention.outbox_retention);
         pruned.extend(std::mem::take(&mut self.also_pruned));
-        let pruner = self
-            .retention
-            .pruning
-            .pace()
-            .map(|pace| Pruner::new(&self.database_url, pruned, pace))
-            .transpose()?;
+        let pruner = self.retention.pruning.pruner(&self.database_url, pruned)?;
         let relay = OutboxRelay::new(
             &self.database_url,
             &self.kafka.kafka_brokers,
