@@ -1,8 +1,11 @@
 //! Topic and group names, and the Kafka client settings the saga relies on.
 
+use std::time::{Duration, Instant};
+
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{Headers as _, Message};
 
@@ -96,5 +99,47 @@ pub async fn create_topics(
             Err((name, code)) => anyhow::bail!("cannot create topic {name}: {code}"),
         }
     }
-    Ok(())
+    await_topics(brokers, topics, Duration::from_secs(30)).await
+}
+
+/// Returns once the broker serves every one of `topics`, each partition with a leader.
+///
+/// The controller acknowledges a new topic before the broker's metadata holds it; until
+/// then a describe or a fetch meets "unknown topic", so whoever creates topics and uses
+/// them at once waits here.
+pub async fn await_topics(
+    brokers: &str,
+    topics: &[String],
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let client: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let topics = topics.to_vec();
+    // fetch_metadata blocks: off the runtime's workers.
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut missing = Vec::new();
+            for name in &topics {
+                let metadata = client.fetch_metadata(Some(name), Duration::from_secs(5))?;
+                let served = metadata.topics().iter().any(|t| {
+                    t.error().is_none()
+                        && !t.partitions().is_empty()
+                        && t.partitions().iter().all(|p| p.leader() >= 0)
+                });
+                if !served {
+                    missing.push(name.as_str());
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!("the broker does not serve topics {missing:?} after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await?
 }

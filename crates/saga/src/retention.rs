@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::admin::{AdminClient, AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use tokio_postgres::{Client, NoTls};
@@ -282,6 +282,10 @@ pub enum CheckError {
     /// The broker did not answer: worth waiting for.
     #[error("cannot ask the broker for the topics' retention: {0}")]
     Unreachable(#[from] KafkaError),
+    /// The broker does not serve this topic (yet): worth waiting for, as whatever
+    /// creates the topics may still be at work.
+    #[error("the broker does not know topic {0} (yet): cannot read its retention")]
+    UnknownTopic(String),
     /// The window is too short, or a topic is missing: a setting to change.
     #[error(transparent)]
     Refused(anyhow::Error),
@@ -301,20 +305,23 @@ pub async fn longest_topic_retention(
         .map(|t| ResourceSpecifier::Topic(t.as_str()))
         .collect();
     let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let described = admin.describe_configs(&resources, &options).await?;
     let mut longest = Duration::ZERO;
-    for (topic, result) in topics
-        .iter()
-        .zip(admin.describe_configs(&resources, &options).await?)
-    {
-        let ms = result
-            .map_err(|code| {
-                anyhow::anyhow!("cannot read the configuration of topic {topic}: {code}")
-            })
-            .and_then(|resource| {
-                resource
-                    .get("retention.ms")
-                    .and_then(|entry| entry.value.as_deref())
-                    .with_context(|| format!("topic {topic} reports no retention.ms"))?
+    for topic in topics {
+        // The answers come in the broker's order, each naming its topic; an unknown
+        // topic's comes back with no entries (the client drops its error code).
+        let resource = described
+            .iter()
+            .filter_map(|result| result.as_ref().ok())
+            .find(|r| matches!(&r.specifier, OwnedResourceSpecifier::Topic(t) if t == topic))
+            .filter(|r| !r.entries.is_empty())
+            .ok_or_else(|| CheckError::UnknownTopic(topic.clone()))?;
+        let ms = resource
+            .get("retention.ms")
+            .and_then(|entry| entry.value.as_deref())
+            .with_context(|| format!("topic {topic} reports no retention.ms"))
+            .and_then(|value| {
+                value
                     .parse::<i64>()
                     .with_context(|| format!("topic {topic}: retention.ms is not a number"))
             })

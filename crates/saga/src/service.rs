@@ -154,7 +154,7 @@ impl Service {
     }
 
     /// The inbox's window, checked against the retention of `topics` (waiting, with
-    /// backoff, for a broker that cannot be reached yet).
+    /// backoff, for a broker that cannot be reached yet or does not serve them yet).
     async fn inbox_window(&self, topics: &[String]) -> anyhow::Result<Window> {
         if self.retention.pruning.prune_interval == Window::Off {
             return Ok(Window::Off);
@@ -168,9 +168,12 @@ impl Service {
             )
             .await
             {
-                Err(retention::CheckError::Unreachable(error)) => {
+                Err(
+                    error @ (retention::CheckError::Unreachable(_)
+                    | retention::CheckError::UnknownTopic(_)),
+                ) => {
                     let delay = backoff::next_delay(&mut delays);
-                    tracing::warn!(%error, retry_in = ?delay, "broker not reachable yet: cannot read the topics' retention");
+                    tracing::warn!(%error, retry_in = ?delay, "waiting to check the inbox's window against the topics' retention");
                     tokio::time::sleep(delay).await;
                 }
                 other => return Ok(other?),
