@@ -18,6 +18,7 @@ pub mod hand;
 pub mod infra;
 pub mod invariants;
 pub mod load;
+pub mod metrics;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -323,6 +324,14 @@ impl Stack {
             .filter(|(_, s)| **s == service)
             .map(|(instance, _)| self.log(instance))
             .collect()
+    }
+
+    /// What `instance` (a service's name, for its first instance) reports at `/metrics`.
+    pub async fn metrics(&self, instance: &str) -> metrics::Metrics {
+        let url = format!("http://127.0.0.1:{}/metrics", self.ports[instance]);
+        let response = self.http.get(url).send().await.expect("/metrics answers");
+        assert_eq!(response.status(), 200, "{instance}'s /metrics");
+        metrics::Metrics::parse(&response.text().await.expect("a text body"))
     }
 
     /// The HTTP client and the order API's base URL, for work in a task of its own.

@@ -28,7 +28,7 @@ use time::OffsetDateTime;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
-use crate::faults::{Faults, Kind, Stats};
+use crate::faults::{Counted, Faults, Kind, Stats};
 use crate::sever::Connection;
 
 pub const CHARGES: &str = "/v1/charges";
@@ -94,16 +94,16 @@ async fn create_charge(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ProviderError> {
-    Stats::count(&state.stats.calls);
+    state.stats.count(Counted::Call);
     let fault = state.faults.draw();
     match fault {
         Some(Kind::Unavailable) => {
-            Stats::count(&state.stats.unavailable);
+            state.stats.count(Counted::Unavailable);
             tracing::info!("charge refused: unavailable fault armed");
             return Err(ProviderError::Unavailable("a fault is armed".into()));
         }
         Some(Kind::Slow(delay)) => {
-            Stats::count(&state.stats.slowed);
+            state.stats.count(Counted::Slowed);
             tracing::info!(?delay, "charge slowed: slow fault armed");
             tokio::time::sleep(delay).await;
         }
@@ -124,13 +124,13 @@ async fn create_charge(
         async move {
             let decided = charge(&state.pool, state.rules, &key, fingerprint, &request).await?;
             if decided.replayed {
-                Stats::count(&state.stats.replayed);
+                state.stats.count(Counted::Replayed);
                 tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, "charge replayed for its idempotency key");
             } else {
                 if decided.status == StatusCode::CREATED {
-                    Stats::count(&state.stats.charged);
+                    state.stats.count(Counted::Charged);
                 } else {
-                    Stats::count(&state.stats.declined);
+                    state.stats.count(Counted::Declined);
                 }
                 tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, amount_cents = request.amount_cents, status = decided.status.as_u16(), "charge decided");
             }
@@ -147,7 +147,7 @@ async fn create_charge(
         idempotency::response(decided.status, &location, decided.body)
     };
     if fault == Some(Kind::LoseResponse) {
-        Stats::count(&state.stats.lost_responses);
+        state.stats.count(Counted::LostResponse);
         tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, "answer dropped: lose-response fault armed; the connection is cut");
         connection.sever();
     }

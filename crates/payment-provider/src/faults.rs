@@ -171,7 +171,7 @@ impl Faults {
 }
 
 /// What the provider did since it started, for a person (and a test) to read at
-/// `GET /admin/stats`.
+/// `GET /admin/stats`; each count is also a Prometheus counter at `/metrics`.
 #[derive(Debug, Default)]
 pub struct Stats {
     /// `POST /v1/charges` received, whatever became of them.
@@ -190,9 +190,50 @@ pub struct Stats {
     pub lost_responses: AtomicU64,
 }
 
+/// One thing [`Stats`] counts.
+#[derive(Debug, Clone, Copy)]
+pub enum Counted {
+    Call,
+    Charged,
+    Declined,
+    Replayed,
+    Unavailable,
+    Slowed,
+    LostResponse,
+}
+
 impl Stats {
-    pub fn count(counter: &AtomicU64) {
+    pub fn count(&self, what: Counted) {
+        use saga::metrics::{CHARGE_FAULTS, CHARGE_REQUESTS, CHARGES};
+        // Replays are counted at /metrics by the reply itself (saga::idempotency).
+        let (counter, metric) = match what {
+            Counted::Call => (&self.calls, Some(metrics::counter!(CHARGE_REQUESTS))),
+            Counted::Charged => (
+                &self.charged,
+                Some(metrics::counter!(CHARGES, "result" => "succeeded")),
+            ),
+            Counted::Declined => (
+                &self.declined,
+                Some(metrics::counter!(CHARGES, "result" => "declined")),
+            ),
+            Counted::Replayed => (&self.replayed, None),
+            Counted::Unavailable => (
+                &self.unavailable,
+                Some(metrics::counter!(CHARGE_FAULTS, "kind" => "unavailable")),
+            ),
+            Counted::Slowed => (
+                &self.slowed,
+                Some(metrics::counter!(CHARGE_FAULTS, "kind" => "slow")),
+            ),
+            Counted::LostResponse => (
+                &self.lost_responses,
+                Some(metrics::counter!(CHARGE_FAULTS, "kind" => "lose_response")),
+            ),
+        };
         counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(metric) = metric {
+            metric.increment(1);
+        }
     }
 
     pub fn to_json(&self) -> Value {

@@ -10,9 +10,10 @@
 //! - Any other `4xx`: the request itself is wrong, and asking again cannot help: the
 //!   event is dead-lettered with the provider's answer as the reason.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
+use metrics::{counter, histogram};
 use reqwest::StatusCode;
 use saga::HandlerError;
 use saga::idempotency;
@@ -85,6 +86,26 @@ impl Provider {
         key: &str,
         request: &ChargeRequest<'_>,
     ) -> Result<Answer, HandlerError> {
+        let started = Instant::now();
+        let answer = self.call(key, request).await;
+        histogram!(saga::metrics::PROVIDER_CALL_DURATION).record(started.elapsed().as_secs_f64());
+        let (outcome, replayed) = match &answer {
+            Ok(Answer::Charged { replayed, .. }) => ("charged", *replayed),
+            Ok(Answer::Declined { replayed, .. }) => ("declined", *replayed),
+            Err(Call::NoAnswer(_)) => ("no_answer", false),
+            Err(Call::Failed(HandlerError::Unavailable(_))) => ("unavailable", false),
+            Err(Call::Failed(_)) => ("rejected", false),
+        };
+        counter!(saga::metrics::PROVIDER_CALLS, "outcome" => outcome, "replayed" => replayed.to_string())
+            .increment(1);
+        answer.map_err(|call| match call {
+            Call::NoAnswer(error) | Call::Failed(error) => error,
+        })
+    }
+
+    async fn call(&self, key: &str, request: &ChargeRequest<'_>) -> Result<Answer, Call> {
+        let no_answer =
+            |what: String| Call::NoAnswer(HandlerError::Unavailable(format!("provider: {what}")));
         let unavailable = |what: String| HandlerError::Unavailable(format!("provider: {what}"));
         let response = self
             .http
@@ -93,14 +114,14 @@ impl Provider {
             .json(request)
             .send()
             .await
-            .map_err(|error| unavailable(describe(error)))?;
+            .map_err(|error| no_answer(describe(error)))?;
         let status = response.status();
         let replayed = response.headers().contains_key(idempotency::REPLAYED);
         let body = response.text().await.map_err(|error| {
-            unavailable(format!("{status}, answer cut short: {}", describe(error)))
+            no_answer(format!("{status}, answer cut short: {}", describe(error)))
         })?;
         let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        match status {
+        let answer = match status {
             StatusCode::CREATED => match json["id"].as_str() {
                 Some(id) => Ok(Answer::Charged {
                     charge_id: id.to_owned(),
@@ -126,8 +147,15 @@ impl Provider {
             status => Err(HandlerError::rejected(format!(
                 "provider refused the charge request: {status}: {body}"
             ))),
-        }
+        };
+        answer.map_err(Call::Failed)
     }
+}
+
+/// A call that did not decide the charge: no answer at all, or an answer that is an error.
+enum Call {
+    NoAnswer(HandlerError),
+    Failed(HandlerError),
 }
 
 /// reqwest's `Display` names only the URL; the causes (timed out, refused, closed before

@@ -28,12 +28,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ::metrics::{counter, gauge, histogram};
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::statistics::Statistics;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -46,6 +48,7 @@ use crate::backoff;
 use crate::envelope::Envelope;
 use crate::failpoint;
 use crate::handler::{Applier, Handler, Retry};
+use crate::metrics;
 
 /// Records buffered per partition ahead of its worker. Small: the broker is the buffer.
 const PARTITION_QUEUE: usize = 64;
@@ -77,10 +80,28 @@ impl ConsumerSettings {
     }
 }
 
-/// Logs rebalances and failed commits, which librdkafka otherwise reports to no one.
+/// Logs rebalances and failed commits, which librdkafka otherwise reports to no one, and
+/// turns its statistics into the consumer-lag gauges.
 struct SagaConsumerContext;
 
-impl ClientContext for SagaConsumerContext {}
+impl ClientContext for SagaConsumerContext {
+    fn stats(&self, statistics: Statistics) {
+        for (topic, stats) in &statistics.topics {
+            // Partition -1 is librdkafka's own queue for records not yet assigned one.
+            for partition in stats.partitions.values().filter(|p| p.partition >= 0) {
+                // -1 until the partition is held and its high watermark known; a
+                // partition held elsewhere reads 0 here, so lag sums across instances.
+                let lag = if partition.fetch_state == "none" {
+                    0
+                } else {
+                    partition.consumer_lag.max(0)
+                };
+                gauge!(metrics::CONSUMER_LAG, "topic" => topic.clone(), "partition" => partition.partition.to_string())
+                    .set(lag as f64);
+            }
+        }
+    }
+}
 
 impl ConsumerContext for SagaConsumerContext {
     fn pre_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -161,6 +182,8 @@ pub async fn run<H: Handler>(
             // A new group starts at the beginning: no event written before it existed is lost.
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
+            // For the consumer-lag gauges; a few microseconds' work each time.
+            .set("statistics.interval.ms", "5000")
             .create_with_context(SagaConsumerContext)?,
     );
     consumer.subscribe(&[&settings.topic])?;
@@ -186,7 +209,10 @@ pub async fn run<H: Handler>(
             received = consumer.recv() => received.map(|m| m.detach()),
         };
         let message = match received {
-            Ok(message) => message,
+            Ok(message) => {
+                counter!(metrics::RECORDS_RECEIVED, "topic" => settings.topic.clone()).increment(1);
+                message
+            }
             Err(error) => {
                 // Broker unreachable and the like: librdkafka reconnects by itself and
                 // queues a report of each failed attempt. Keep polling: pausing per report
@@ -250,6 +276,16 @@ struct PartitionWorker<H> {
     shutdown: CancellationToken,
 }
 
+/// Why a record is dead-lettered: the reason goes into its headers, the cause (one of a
+/// few words) labels the metric.
+struct Failure {
+    reason: String,
+    cause: &'static str,
+    attempts: u32,
+    first: OffsetDateTime,
+    last: OffsetDateTime,
+}
+
 /// Whether a record is finished with (its offset may be stored) or was abandoned
 /// because the service is stopping (it will be redelivered).
 enum Done {
@@ -271,6 +307,8 @@ impl<H: Handler> PartitionWorker<H> {
             if self.shutdown.is_cancelled() {
                 return;
             }
+            histogram!(metrics::BATCH_SIZE, "topic" => self.settings.topic.clone())
+                .record(batch.len() as f64);
             if batch.len() > 1 && self.process_batch(&batch).await {
                 failpoint::crash_point_for(failpoint::CONSUMER_AFTER_HANDLER, batch.len());
                 self.store_offset(batch.last().expect("a batch is never empty"));
@@ -303,9 +341,13 @@ impl<H: Handler> PartitionWorker<H> {
         else {
             return false;
         };
-        match self.applier.apply_batch(&events).await {
+        let started = Instant::now();
+        let applied = self.applier.apply_batch(&events).await;
+        self.time_handler(started);
+        match applied {
             Ok(outcomes) => {
                 for ((message, event), outcome) in batch.iter().zip(&events).zip(outcomes) {
+                    self.count(&event.event_type, outcome.as_str());
                     let span = record_span(message);
                     span.record("event_id", event.id.as_str());
                     span.in_scope(|| {
@@ -338,9 +380,14 @@ impl<H: Handler> PartitionWorker<H> {
             Ok(envelope) => envelope,
             Err(error) => {
                 let now = OffsetDateTime::now_utc();
-                return self
-                    .dead_letter(message, &error.to_string(), 1, now, now)
-                    .await;
+                let failure = Failure {
+                    reason: error.to_string(),
+                    cause: "malformed",
+                    attempts: 1,
+                    first: now,
+                    last: now,
+                };
+                return self.dead_letter(message, None, failure).await;
             }
         };
         tracing::Span::current().record("event_id", envelope.id.as_str());
@@ -349,8 +396,12 @@ impl<H: Handler> PartitionWorker<H> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let error = match self.applier.apply(&envelope).await {
+            let started = Instant::now();
+            let applied = self.applier.apply(&envelope).await;
+            self.time_handler(started);
+            let error = match applied {
                 Ok(outcome) => {
+                    self.count(&envelope.event_type, outcome.as_str());
                     tracing::info!(
                         event_type = %envelope.event_type,
                         outcome = outcome.as_str(),
@@ -367,11 +418,28 @@ impl<H: Handler> PartitionWorker<H> {
                 Retry::UntilItWorks => false,
             };
             if give_up {
-                let now = OffsetDateTime::now_utc();
+                let failure = Failure {
+                    reason: error.to_string(),
+                    cause: if retry == Retry::Never {
+                        "rejected"
+                    } else {
+                        "retries_exhausted"
+                    },
+                    attempts: attempt,
+                    first: first_failure,
+                    last: OffsetDateTime::now_utc(),
+                };
                 return self
-                    .dead_letter(message, &error.to_string(), attempt, first_failure, now)
+                    .dead_letter(message, Some(&envelope.event_type), failure)
                     .await;
             }
+            counter!(
+                metrics::RETRIES,
+                "topic" => self.settings.topic.clone(),
+                "class" => retry.as_str(),
+                "error" => error.kind(),
+            )
+            .increment(1);
             let delay = backoff::next_delay(&mut delays);
             tracing::warn!(attempt, %error, retry_in = ?delay, "handler failed; retrying");
             if !self.pause(delay).await {
@@ -380,22 +448,37 @@ impl<H: Handler> PartitionWorker<H> {
         }
     }
 
+    /// Counts what became of one record.
+    fn count(&self, event_type: &str, outcome: &'static str) {
+        counter!(
+            metrics::EVENTS,
+            "topic" => self.settings.topic.clone(),
+            "type" => metrics::event_type_label(event_type),
+            "outcome" => outcome,
+        )
+        .increment(1);
+    }
+
+    fn time_handler(&self, started: Instant) {
+        histogram!(metrics::HANDLER_DURATION, "topic" => self.settings.topic.clone())
+            .record(started.elapsed().as_secs_f64());
+    }
+
     /// Produces the original record, untouched, to the dead-letter topic with why it is
     /// there, and waits for the broker's acknowledgement: only then may the partition
-    /// move past it.
+    /// move past it. `event_type` is `None` for a record that is no event at all.
     async fn dead_letter(
         &self,
         message: &OwnedMessage,
-        reason: &str,
-        attempts: u32,
-        first_failure: OffsetDateTime,
-        last_failure: OffsetDateTime,
+        event_type: Option<&str>,
+        failure: Failure,
     ) -> Done {
+        let reason = failure.reason.as_str();
         let partition = message.partition().to_string();
         let offset = message.offset().to_string();
-        let attempts = attempts.to_string();
-        let first = first_failure.format(&Rfc3339).unwrap_or_default();
-        let last = last_failure.format(&Rfc3339).unwrap_or_default();
+        let attempts = failure.attempts.to_string();
+        let first = failure.first.format(&Rfc3339).unwrap_or_default();
+        let last = failure.last.format(&Rfc3339).unwrap_or_default();
         let mut delays = backoff::backoff();
         loop {
             let mut headers = OwnedHeaders::new();
@@ -425,6 +508,13 @@ impl<H: Handler> PartitionWorker<H> {
             match self.dead_letters.send(record, Duration::from_secs(5)).await {
                 Ok(_) => {
                     tracing::warn!(reason, dead_letter_topic = %self.settings.dead_letter_topic, "record dead-lettered");
+                    self.count(event_type.unwrap_or("unknown"), "dead_lettered");
+                    counter!(
+                        metrics::DEAD_LETTERS,
+                        "topic" => self.settings.topic.clone(),
+                        "cause" => failure.cause,
+                    )
+                    .increment(1);
                     return Done::Finished;
                 }
                 Err((error, _)) => {

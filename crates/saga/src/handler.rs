@@ -77,9 +77,29 @@ pub enum Retry {
     Never,
 }
 
+impl Retry {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Retry::UntilItWorks => "until_it_works",
+            Retry::AFewTimes => "a_few_times",
+            Retry::Never => "never",
+        }
+    }
+}
+
 impl HandlerError {
     pub fn rejected(reason: impl Into<String>) -> Self {
         HandlerError::Rejected(reason.into())
+    }
+
+    /// What failed, as a metric's label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HandlerError::Rejected(_) => "rejected",
+            HandlerError::Database(_) => "database",
+            HandlerError::Pool(_) => "pool",
+            HandlerError::Unavailable(_) => "unavailable",
+        }
     }
 
     pub fn retry(&self) -> Retry {

@@ -156,6 +156,7 @@ pub fn response(status: StatusCode, location: &str, body: String) -> Response {
 
 /// The stored first answer, sent again and marked as a replay.
 pub fn replay(status: StatusCode, location: &str, body: String) -> Response {
+    ::metrics::counter!(crate::metrics::IDEMPOTENCY_REPLAYS).increment(1);
     let mut response = response(status, location, body);
     response
         .headers_mut()

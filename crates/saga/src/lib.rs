@@ -39,6 +39,7 @@ pub mod handler;
 pub mod http;
 pub mod idempotency;
 pub mod kafka;
+pub mod metrics;
 pub mod outbox;
 pub mod redrive;
 pub mod retention;

@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use ::metrics::counter;
 use futures::StreamExt;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff;
 use crate::envelope::Envelope;
 use crate::failpoint;
+use crate::metrics;
 
 /// An event to publish once the surrounding transaction commits.
 #[derive(Debug)]
@@ -102,6 +104,7 @@ impl OutboxRelay {
             match self.session(&shutdown, &mut delays).await {
                 Ok(()) => return,
                 Err(error) => {
+                    counter!(metrics::OUTBOX_INTERRUPTIONS).increment(1);
                     let delay = backoff::next_delay(&mut delays);
                     tracing::warn!(error = format!("{error:#}"), retry_in = ?delay, "outbox relay interrupted");
                     tokio::select! {
@@ -230,13 +233,18 @@ impl OutboxRelay {
                 .producer
                 .send_result(record)
                 .map_err(|(error, _)| anyhow::anyhow!("cannot enqueue {}: {error}", envelope.id))?;
-            deliveries.push((id, delivery));
+            deliveries.push((id, topic, delivery));
         }
         let mut acknowledged = Vec::with_capacity(deliveries.len());
         let mut failure = None;
-        for (id, delivery) in deliveries {
+        for (id, topic, delivery) in deliveries {
             match delivery.await {
-                Ok(Ok(_)) => acknowledged.push(id),
+                Ok(Ok(_)) => {
+                    acknowledged.push(id);
+                    // Counted once the broker has it, as the consumers will see it;
+                    // a crash before the UPDATE below publishes it, and counts it, again.
+                    counter!(metrics::OUTBOX_PUBLISHED, "topic" => topic).increment(1);
+                }
                 Ok(Err((error, _))) => failure = Some(anyhow::anyhow!("outbox row {id}: {error}")),
                 Err(_) => failure = Some(anyhow::anyhow!("outbox row {id}: producer dropped")),
             }

@@ -1,0 +1,281 @@
+//! `/metrics` of the real binaries after known traffic: every counter equals what the
+//! databases and topics say, and each service's records received are the sum of their
+//! outcomes.
+
+use saga::metrics::{
+    CHARGE_REQUESTS, CHARGES, CONSUMER_LAG, DEAD_LETTERS, EVENTS, HANDLER_DURATION, HTTP_DURATION,
+    HTTP_REQUESTS, IDEMPOTENCY_REPLAYS, OUTBOX_OLDEST_AGE, OUTBOX_PUBLISHED, OUTBOX_UNPUBLISHED,
+    PROVIDER_CALLS, RECORDS_RECEIVED, RETRIES,
+};
+use saga_e2e::metrics::Metrics;
+use saga_e2e::{
+    KEYBOARD, NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, SERVICES,
+    SETTLE, Stack,
+};
+use saga_testkit::{TestDatabase, eventually};
+use serde_json::json;
+
+/// Orders placed: quantities 2 are confirmed, 100 (129 900 cents) over the limit cancelled.
+const QUANTITIES: [i32; 6] = [2, 2, 100, 2, 100, 2];
+
+#[tokio::test]
+async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
+    let stack = Stack::start().await;
+    let topics = &stack.kafka.topics;
+    let (http, base) = stack.api();
+
+    let mut orders = Vec::new();
+    for quantity in QUANTITIES {
+        orders.push(stack.place_order(quantity).await);
+    }
+    // One order placed twice under one key: the second POST is a replay.
+    let keyed = || {
+        http.post(format!("{base}/v1/orders"))
+            .header("idempotency-key", "\"metrics-1\"")
+            .json(&json!({ "customer_id": "cust-1",
+                           "items": [{ "product_id": KEYBOARD, "quantity": 1 }] }))
+            .send()
+    };
+    let first: serde_json::Value = keyed().await.unwrap().json().await.unwrap();
+    let again = keyed().await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    orders.push(first["id"].as_str().unwrap().parse().unwrap());
+    let n = orders.len() as u64;
+    let cancelled = QUANTITIES.iter().filter(|q| **q == 100).count() as u64;
+    for order_id in &orders {
+        stack.settled_order(*order_id).await;
+        stack.notified(*order_id).await;
+    }
+
+    // Hand-replayed: two payment results and one order.created; a late failure with an
+    // id of its own (guard 2); poison: a non-event and an unknown type on payments, a
+    // non-event on orders.
+    let replayed = orders[0];
+    let payment = saga_testkit::envelope(
+        &format!("{replayed}:payment"),
+        "payment.succeeded",
+        replayed,
+        json!({ "order_id": replayed, "amount_cents": 2598 }),
+    );
+    stack.kafka.produce(&topics.payments, None, &payment).await;
+    stack.kafka.produce(&topics.payments, None, &payment).await;
+    let late = saga_testkit::envelope(
+        "late-failure-1",
+        "payment.failed",
+        replayed,
+        json!({ "order_id": replayed, "amount_cents": 2598, "reason": "card declined" }),
+    );
+    stack.kafka.produce(&topics.payments, None, &late).await;
+    let created = stack
+        .kafka
+        .read_all(&topics.orders)
+        .await
+        .into_iter()
+        .find(|m| saga::kafka::header(m, "event_id").as_deref() == Some(&replayed.to_string()))
+        .expect("order.created was published");
+    stack
+        .kafka
+        .produce(
+            &topics.orders,
+            None,
+            rdkafka::Message::payload(&created).unwrap(),
+        )
+        .await;
+    let unknown = br#"{"id":"p-1","type":"payment.refunded","aggregate_id":"x","payload":{},"occurred_at":"2026-07-14T09:15:40Z"}"#;
+    stack
+        .kafka
+        .produce(&topics.payments, None, b"not json")
+        .await;
+    stack.kafka.produce(&topics.payments, None, unknown).await;
+    stack
+        .kafka
+        .produce(&topics.orders, None, b"not json either")
+        .await;
+
+    for service in SERVICES {
+        let (_, topic, _) = stack.subscription(service);
+        stack.caught_up(service, &topic).await;
+    }
+    // Every outbox row published, notification-service's too (nobody consumes those).
+    for service in SERVICES {
+        let db = stack.database(service);
+        eventually(SETTLE, &format!("{service}'s outbox to drain"), || async {
+            let left = db
+                .count(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+                    &[],
+                )
+                .await;
+            (left == 0).then_some(())
+        })
+        .await;
+    }
+
+    let order = stack.metrics(ORDER_SERVICE).await;
+    let payment = stack.metrics(PAYMENT_SERVICE).await;
+    let notification = stack.metrics(NOTIFICATION_SERVICE).await;
+    let provider = stack.metrics(PAYMENT_PROVIDER).await;
+
+    // order-service, on payments: n results, 2 replays (guard 1), 1 late failure (guard
+    // 2), 2 poison.
+    let on = [("topic", topics.payments.as_str())];
+    assert_outcomes(&stack, ORDER_SERVICE, &order, [n, 2, 1, 0, 2]).await;
+    assert_eq!(
+        order.count(RECORDS_RECEIVED, &on),
+        stack.kafka.read_all(&topics.payments).await.len() as u64
+    );
+    assert_eq!(
+        order.count(
+            EVENTS,
+            &[("type", "payment.failed"), ("outcome", "applied")]
+        ),
+        cancelled
+    );
+    assert_eq!(
+        order.count(DEAD_LETTERS, &[("cause", "malformed")]),
+        1,
+        "the non-event"
+    );
+    assert_eq!(
+        order.count(DEAD_LETTERS, &[("cause", "rejected")]),
+        1,
+        "the unknown type"
+    );
+    assert_eq!(
+        order.observations(HANDLER_DURATION, &on),
+        order.count(RECORDS_RECEIVED, &on) - 1,
+        "every record that is an event is timed once (no retries), the non-event never"
+    );
+    // order.created and the outcome, per order.
+    assert_inbox(&order, stack.database(ORDER_SERVICE), 2 * n).await;
+    assert_eq!(
+        order.count(
+            HTTP_REQUESTS,
+            &[
+                ("method", "POST"),
+                ("route", "/v1/orders"),
+                ("status", "201")
+            ]
+        ),
+        n + 1,
+        "every order, and the keyed one's replay"
+    );
+    assert_eq!(
+        order.observations(HTTP_DURATION, &[("route", "/v1/orders")]),
+        n + 1
+    );
+    assert!(
+        order.count(HTTP_REQUESTS, &[("route", "/v1/orders/{id}")]) >= n,
+        "GET by id is one series by its pattern, not one per id: {:?}",
+        order.label_values(HTTP_REQUESTS, "route")
+    );
+    assert_eq!(order.count(IDEMPOTENCY_REPLAYS, &[]), 1);
+
+    // payment-service, on orders: n order.created, n outcomes (ignored), 1 replay, 1 poison.
+    assert_outcomes(&stack, PAYMENT_SERVICE, &payment, [n, 1, 0, n, 1]).await;
+    assert_inbox(&payment, stack.database(PAYMENT_SERVICE), n).await;
+    let charged = [("outcome", "charged"), ("replayed", "false")];
+    let declined = [("outcome", "declined"), ("replayed", "false")];
+    assert_eq!(payment.count(PROVIDER_CALLS, &charged), n - cancelled);
+    assert_eq!(payment.count(PROVIDER_CALLS, &declined), cancelled);
+    assert_eq!(
+        payment.count(PROVIDER_CALLS, &[]),
+        n,
+        "the replayed order.created was a duplicate before any call"
+    );
+
+    // notification-service, on orders: n outcomes, n + 1 order.created (ignored), 1 poison.
+    assert_outcomes(
+        &stack,
+        NOTIFICATION_SERVICE,
+        &notification,
+        [n, 0, 0, n + 1, 1],
+    )
+    .await;
+    assert_inbox(&notification, stack.database(NOTIFICATION_SERVICE), n).await;
+
+    // The provider: one request and one decided charge per order.
+    assert_eq!(provider.count(CHARGE_REQUESTS, &[]), n);
+    assert_eq!(
+        provider.count(CHARGES, &[("result", "succeeded")]),
+        n - cancelled
+    );
+    assert_eq!(
+        provider.count(CHARGES, &[("result", "declined")]),
+        cancelled
+    );
+    assert_eq!(provider.count(IDEMPOTENCY_REPLAYS, &[]), 0);
+
+    for (service, metrics) in [
+        (ORDER_SERVICE, &order),
+        (PAYMENT_SERVICE, &payment),
+        (NOTIFICATION_SERVICE, &notification),
+    ] {
+        assert_eq!(metrics.count(RETRIES, &[]), 0, "{service}: nothing failed");
+        assert_eq!(metrics.sum(OUTBOX_UNPUBLISHED, &[]), 0.0, "{service}");
+        assert_eq!(metrics.sum(OUTBOX_OLDEST_AGE, &[]), 0.0, "{service}");
+    }
+
+    // librdkafka's statistics arrive every few seconds; lag is 0 once they catch up.
+    for service in SERVICES {
+        let (_, topic, _) = stack.subscription(service);
+        eventually(SETTLE, &format!("{service}'s lag to read 0"), || async {
+            let metrics = stack.metrics(service).await;
+            let partitions = metrics.label_values(CONSUMER_LAG, "partition");
+            let lag = metrics.sum(CONSUMER_LAG, &[("topic", topic.as_str())]);
+            (partitions.len() == 3 && lag == 0.0).then_some(())
+        })
+        .await;
+    }
+}
+
+/// `service`'s outcomes on the topic it consumes, as `[applied, duplicate, guarded,
+/// ignored, dead_lettered]`, and records received their sum; dead letters as many as the
+/// outcome says, and as its dead-letter topic holds.
+async fn assert_outcomes(stack: &Stack, service: &str, metrics: &Metrics, expected: [u64; 5]) {
+    let (_, topic, dead_letters) = stack.subscription(service);
+    let topic = topic.as_str();
+    let outcomes = [
+        "applied",
+        "duplicate",
+        "guarded",
+        "ignored",
+        "dead_lettered",
+    ];
+    let counted =
+        outcomes.map(|outcome| metrics.count(EVENTS, &[("topic", topic), ("outcome", outcome)]));
+    assert_eq!(counted, expected, "{topic}: {outcomes:?}");
+    assert_eq!(
+        metrics.label_values(EVENTS, "outcome").len(),
+        expected.iter().filter(|n| **n > 0).count(),
+        "no outcome outside the five"
+    );
+    assert_eq!(
+        metrics.count(RECORDS_RECEIVED, &[("topic", topic)]),
+        counted.iter().sum::<u64>(),
+        "{topic}: records received = the sum of the outcomes"
+    );
+    assert_eq!(
+        metrics.count(DEAD_LETTERS, &[("topic", topic)]),
+        expected[4]
+    );
+    let on_topic = stack.kafka.read_all(&dead_letters).await.len() as u64;
+    assert_eq!(on_topic, expected[4], "{dead_letters}");
+}
+
+/// The inbox holds one id per event applied or guarded, and the outbox's published rows
+/// are what the relay counted.
+async fn assert_inbox(metrics: &Metrics, db: &TestDatabase, outbox_rows: u64) {
+    let applied_or_guarded = metrics.count(EVENTS, &[("outcome", "applied")])
+        + metrics.count(EVENTS, &[("outcome", "guarded")]);
+    let inbox = db.count("SELECT count(*) FROM processed_events", &[]).await as u64;
+    assert_eq!(inbox, applied_or_guarded, "inbox rows");
+    let published = db
+        .count(
+            "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+            &[],
+        )
+        .await as u64;
+    assert_eq!(published, outbox_rows, "outbox rows");
+    assert_eq!(metrics.count(OUTBOX_PUBLISHED, &[]), published);
+}

@@ -1,0 +1,206 @@
+//! What every service counts, and `GET /metrics`, where Prometheus reads it.
+//!
+//! The code records through the `metrics` facade; one Prometheus recorder per process
+//! renders it as text. Names carry one prefix (`saga_`), base units (seconds, records)
+//! and `_total` on counters; labels take only values from small, fixed sets (an event
+//! type outside the catalog is `other`), so that a hand-made record cannot mint a series.
+//!
+//! What reconciles, per service and topic, once nothing is in hand:
+//!
+//! ```text
+//! saga_consumer_records_received_total
+//!     = Σ over outcome saga_consumer_events_total      (applied, duplicate, guarded,
+//!                                                        ignored, dead_lettered)
+//! saga_consumer_events_total{outcome="dead_lettered"} = Σ saga_dead_letters_total
+//! ```
+//!
+//! A record still queued or being retried is received and not yet counted in an outcome;
+//! one abandoned by a stopping service is redelivered, and counted again, by the next.
+//! Counters start at zero with each process, as Prometheus expects.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use ::metrics::{counter, gauge, histogram};
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use deadpool_postgres::Pool;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::events;
+
+/// Records a consumer took from the broker, by topic.
+pub const RECORDS_RECEIVED: &str = "saga_consumer_records_received_total";
+/// What became of each record, by topic, event type and [`outcome`](crate::Outcome)
+/// (or `dead_lettered`).
+pub const EVENTS: &str = "saga_consumer_events_total";
+/// Time to apply one event (prepare and transaction) or one batch, by topic.
+pub const HANDLER_DURATION: &str = "saga_handler_duration_seconds";
+/// Records per application of the handler: 1 for a transaction per event.
+pub const BATCH_SIZE: &str = "saga_handler_batch_size_records";
+/// Failed attempts that are tried again, by topic, retry class and error kind.
+pub const RETRIES: &str = "saga_handler_retries_total";
+/// Records put on a dead-letter topic (acknowledged by the broker), by topic and cause.
+pub const DEAD_LETTERS: &str = "saga_dead_letters_total";
+/// Records the broker has not yet given this consumer group, per partition the service
+/// holds (0 for one it does not), from librdkafka's statistics.
+pub const CONSUMER_LAG: &str = "saga_consumer_lag_records";
+/// Outbox rows acknowledged by the broker, by topic.
+pub const OUTBOX_PUBLISHED: &str = "saga_outbox_published_total";
+/// Times the relay's session broke (database or broker trouble) and was started again.
+pub const OUTBOX_INTERRUPTIONS: &str = "saga_outbox_relay_interruptions_total";
+/// Outbox rows not yet published, read at scrape time.
+pub const OUTBOX_UNPUBLISHED: &str = "saga_outbox_unpublished_rows";
+/// Age of the oldest unpublished outbox row (0 when none): the outbox's lag.
+pub const OUTBOX_OLDEST_AGE: &str = "saga_outbox_oldest_unpublished_age_seconds";
+/// HTTP requests answered, by method, route (the pattern, not the path) and status.
+pub const HTTP_REQUESTS: &str = "saga_http_requests_total";
+/// Time to answer an HTTP request, by method and route.
+pub const HTTP_DURATION: &str = "saga_http_request_duration_seconds";
+/// Requests answered with the stored answer of their `Idempotency-Key`.
+pub const IDEMPOTENCY_REPLAYS: &str = "saga_idempotency_replays_total";
+
+/// payment-service's calls to the card provider, by what came back: `charged`,
+/// `declined`, `unavailable` (a 5xx, 408, 409, 425 or 429), `no_answer` (refused, timed
+/// out, or cut before the answer: a lost response looks like this), `rejected`; and
+/// `replayed` (`true` when the provider answered from its key's stored answer).
+pub const PROVIDER_CALLS: &str = "saga_provider_calls_total";
+/// Time from sending a charge to its answer (or to giving up on it).
+pub const PROVIDER_CALL_DURATION: &str = "saga_provider_call_duration_seconds";
+/// The provider's side: `POST /v1/charges` received, whatever became of them.
+pub const CHARGE_REQUESTS: &str = "saga_charge_requests_total";
+/// New charges the provider decided, by `result` (`succeeded`, `declined`); a replay
+/// decides nothing and is counted in [`IDEMPOTENCY_REPLAYS`].
+pub const CHARGES: &str = "saga_charges_total";
+/// Calls a fault was applied to, by `kind` (`unavailable`, `slow`, `lose_response`).
+pub const CHARGE_FAULTS: &str = "saga_charge_faults_total";
+
+/// Seconds: from a fraction of a millisecond (an answer from memory) to the 30 s a
+/// transient failure may last before the caller gives up.
+const SECONDS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const RECORDS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+/// How often histograms are folded and idle data dropped.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The process's recorder, installed on first use. Several services started in one
+/// process (the tests do) share it.
+pub fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let handle = PrometheusBuilder::new()
+            // Without buckets the exporter renders summaries, which cannot be summed
+            // across instances.
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_records".into()), RECORDS))
+            .expect("bucket lists are not empty")
+            .install_recorder()
+            .expect("no other metrics recorder is installed");
+        let upkeep = handle.clone();
+        // A thread, not a task: the recorder outlives any one runtime (each test has its
+        // own), and upkeep is a few microseconds every few seconds.
+        std::thread::Builder::new()
+            .name("metrics-upkeep".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(UPKEEP_INTERVAL);
+                    upkeep.run_upkeep();
+                }
+            })
+            .expect("a thread can be spawned at start-up");
+        handle
+    })
+}
+
+/// `GET /metrics`: everything recorded so far, with the outbox gauges read just before
+/// from the database of `outbox`, if the service has one.
+pub fn router(outbox: Option<Pool>) -> Router {
+    handle();
+    Router::new()
+        .route("/metrics", get(render))
+        .with_state(outbox)
+}
+
+async fn render(State(outbox): State<Option<Pool>>) -> Response {
+    if let Some(pool) = outbox
+        && let Err(error) = read_outbox(&pool).await
+    {
+        // The other figures still help most when the database is what is wrong.
+        tracing::debug!(%error, "outbox gauges not refreshed");
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle().render(),
+    )
+        .into_response()
+}
+
+async fn read_outbox(pool: &Pool) -> anyhow::Result<()> {
+    let client = pool.get().await?;
+    // The relay's partial index holds exactly these rows: cheap however long the
+    // published history is.
+    let row = client
+        .query_one(
+            "SELECT count(*),
+                    COALESCE(EXTRACT(EPOCH FROM now() - min(occurred_at)), 0)::float8
+               FROM outbox
+              WHERE published_at IS NULL",
+            &[],
+        )
+        .await?;
+    gauge!(OUTBOX_UNPUBLISHED).set(row.get::<_, i64>(0) as f64);
+    gauge!(OUTBOX_OLDEST_AGE).set(row.get::<_, f64>(1));
+    Ok(())
+}
+
+/// Middleware counting and timing every request by its route's pattern (`/v1/orders/{id}`),
+/// so that ids do not become series; a path no route matches is `unmatched`.
+pub async fn track_http(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    counter!(HTTP_REQUESTS, "method" => method.clone(), "route" => route.clone(), "status" => status)
+        .increment(1);
+    histogram!(HTTP_DURATION, "method" => method, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// An event type as a label: one of the catalog's, or `other`.
+pub fn event_type_label(event_type: &str) -> &'static str {
+    [
+        events::ORDER_CREATED,
+        events::ORDER_CONFIRMED,
+        events::ORDER_CANCELLED,
+        events::PAYMENT_SUCCEEDED,
+        events::PAYMENT_FAILED,
+        events::NOTIFICATION_SENT,
+    ]
+    .into_iter()
+    .find(|known| *known == event_type)
+    .unwrap_or("other")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_type_outside_the_catalog_is_one_label() {
+        assert_eq!(event_type_label("payment.failed"), "payment.failed");
+        assert_eq!(event_type_label("payment.refunded"), "other");
+        assert_eq!(event_type_label(&"x".repeat(10_000)), "other");
+    }
+}
