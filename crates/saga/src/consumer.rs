@@ -508,7 +508,7 @@ impl<H: Handler> PartitionWorker<H> {
             match self.dead_letters.send(record, Duration::from_secs(5)).await {
                 Ok(_) => {
                     tracing::warn!(reason, dead_letter_topic = %self.settings.dead_letter_topic, "record dead-lettered");
-                    self.count(event_type.unwrap_or("unknown"), "dead_lettered");
+                    self.count(event_type.unwrap_or("other"), "dead_lettered");
                     counter!(
                         metrics::DEAD_LETTERS,
                         "topic" => self.settings.topic.clone(),

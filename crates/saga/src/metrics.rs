@@ -102,6 +102,7 @@ pub fn handle() -> &'static PrometheusHandle {
             .expect("bucket lists are not empty")
             .install_recorder()
             .expect("no other metrics recorder is installed");
+        describe();
         let upkeep = handle.clone();
         // A thread, not a task: the recorder outlives any one runtime (each test has its
         // own), and upkeep is a few microseconds every few seconds.
@@ -116,6 +117,69 @@ pub fn handle() -> &'static PrometheusHandle {
             .expect("a thread can be spawned at start-up");
         handle
     })
+}
+
+/// The `# HELP` line of each metric: what a person reading `/metrics` cold needs.
+fn describe() {
+    use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(RECORDS_RECEIVED, "Records taken from the broker");
+    describe_counter!(
+        EVENTS,
+        "What each record met: applied, duplicate (guard 1), guarded (guard 2), ignored, dead_lettered"
+    );
+    describe_histogram!(
+        HANDLER_DURATION,
+        Unit::Seconds,
+        "Time to apply one event or one batch, its provider call included"
+    );
+    describe_histogram!(BATCH_SIZE, Unit::Count, "Records applied per transaction");
+    describe_counter!(RETRIES, "Failed attempts that are tried again");
+    describe_counter!(DEAD_LETTERS, "Records put on the dead-letter topic");
+    describe_gauge!(
+        CONSUMER_LAG,
+        Unit::Count,
+        "Records on a partition the group has not committed (0 where another instance holds it)"
+    );
+    describe_counter!(OUTBOX_PUBLISHED, "Outbox rows the broker acknowledged");
+    describe_counter!(
+        OUTBOX_INTERRUPTIONS,
+        "Relay sessions broken and started again"
+    );
+    describe_gauge!(
+        OUTBOX_UNPUBLISHED,
+        Unit::Count,
+        "Outbox rows not yet published"
+    );
+    describe_gauge!(
+        OUTBOX_OLDEST_AGE,
+        Unit::Seconds,
+        "Age of the oldest unpublished outbox row"
+    );
+    describe_counter!(HTTP_REQUESTS, "HTTP requests answered");
+    describe_histogram!(
+        HTTP_DURATION,
+        Unit::Seconds,
+        "Time to answer an HTTP request"
+    );
+    describe_counter!(
+        IDEMPOTENCY_REPLAYS,
+        "Requests answered with their Idempotency-Key's stored answer"
+    );
+    describe_counter!(
+        PROVIDER_CALLS,
+        "Charge calls to the card provider, by answer"
+    );
+    describe_histogram!(
+        PROVIDER_CALL_DURATION,
+        Unit::Seconds,
+        "Time from sending a charge to its answer"
+    );
+    describe_counter!(CHARGE_REQUESTS, "Charge requests the provider received");
+    describe_counter!(
+        CHARGES,
+        "Charges the provider decided (replays decide none)"
+    );
+    describe_counter!(CHARGE_FAULTS, "Charge requests a fault was applied to");
 }
 
 /// `GET /metrics`: everything recorded so far, with the outbox gauges read just before
