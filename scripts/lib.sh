@@ -26,6 +26,8 @@ KAFKA_LIBS="$KAFKA_HOME/libs"
 KAFKA_HOST=127.0.0.1
 KAFKA_PORT=9092
 KAFKA_BOOTSTRAP="$KAFKA_HOST:$KAFKA_PORT"
+# scripts/up --with-prometheus; the compose stack's Prometheus has the same port.
+PROMETHEUS_PORT=9090
 
 PG_HOST="${PG_HOST:-127.0.0.1}"
 PG_PORT="${PG_PORT:-5432}"
