@@ -402,7 +402,15 @@ fn sample_order_id() -> uuid::Uuid {
     uuid::Uuid::parse_str("ed30fc90-1111-4c9d-b2a5-0c1e3f4a9b21").expect("a valid uuid")
 }
 
-fn outbox(event_id: String, topic: &str, event_type: &str, payload: String) -> Binding {
+/// The outbox row of an event with `event_id`, caused by the event `caused_by` (SQL;
+/// `NULL` for none).
+fn outbox(
+    event_id: String,
+    topic: &str,
+    event_type: &str,
+    payload: String,
+    caused_by: String,
+) -> Binding {
     Binding {
         starts_with: "INSERT INTO outbox",
         values: vec![
@@ -411,7 +419,17 @@ fn outbox(event_id: String, topic: &str, event_type: &str, payload: String) -> B
             format!("{ORDER_ID}::text"),
             text(event_type),
             payload,
+            caused_by,
         ],
+    }
+}
+
+/// Guard 1's claim of `event_id`, read from `topic` at a partition and offset of the
+/// same width as a real one's.
+fn claim(event_id: String, topic: &str) -> Binding {
+    Binding {
+        starts_with: "INSERT INTO processed_events",
+        values: vec![event_id, text(topic), "2".into(), ":r % 1000000".into()],
     }
 }
 
@@ -506,6 +524,7 @@ impl Transaction {
                     "orders",
                     saga::events::ORDER_CREATED,
                     jsonb(&payload),
+                    "NULL".into(),
                 ),
             ],
         }
@@ -559,10 +578,7 @@ impl Transaction {
             ahead: None,
             skips: Vec::new(),
             bindings: vec![
-                Binding {
-                    starts_with: "INSERT INTO processed_events",
-                    values: vec![format!("{ORDER_ID}::text")],
-                },
+                claim(format!("{ORDER_ID}::text"), "orders"),
                 Binding {
                     starts_with: "INSERT INTO payments",
                     values: vec![
@@ -581,6 +597,7 @@ impl Transaction {
                     "payments",
                     saga::events::PAYMENT_SUCCEEDED,
                     jsonb(&payload),
+                    format!("{ORDER_ID}::text"),
                 ),
             ],
         }
@@ -669,10 +686,7 @@ impl Transaction {
             ],
             skips: Vec::new(),
             bindings: vec![
-                Binding {
-                    starts_with: "INSERT INTO processed_events",
-                    values: vec![format!("{ORDER_ID}::text || '-payment'")],
-                },
+                claim(format!("{ORDER_ID}::text || '-payment'"), "payments"),
                 Binding {
                     starts_with: "SELECT status, customer_id, amount_cents FROM orders",
                     values: vec![PENDING_ORDER_ID.into()],
@@ -689,6 +703,7 @@ impl Transaction {
                         format!("{PENDING_ORDER_ID}::text"),
                         text(saga::events::ORDER_CONFIRMED),
                         jsonb(&payload),
+                        format!("{ORDER_ID}::text || '-payment'"),
                     ],
                 },
             ],
@@ -719,10 +734,7 @@ impl Transaction {
             variables: vec![r"\set r random(1, 9000000000000000000)".into()],
             skips: Vec::new(),
             bindings: vec![
-                Binding {
-                    starts_with: "INSERT INTO processed_events",
-                    values: vec![format!("{ORDER_ID}::text || '-outcome'")],
-                },
+                claim(format!("{ORDER_ID}::text || '-outcome'"), "orders"),
                 Binding {
                     starts_with: "INSERT INTO notifications",
                     values: vec![
@@ -738,6 +750,7 @@ impl Transaction {
                     "notifications",
                     saga::events::NOTIFICATION_SENT,
                     jsonb(&payload),
+                    format!("{ORDER_ID}::text || '-outcome'"),
                 ),
             ],
         }
@@ -761,7 +774,7 @@ impl Transaction {
             skips: Vec::new(),
             bindings: vec![
                 Binding {
-                    starts_with: "SELECT id, event_id, topic, key, type, payload, occurred_at FROM outbox",
+                    starts_with: "SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by FROM outbox",
                     values: vec![RELAY_BATCH.to_string()],
                 },
                 Binding {

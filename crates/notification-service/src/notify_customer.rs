@@ -105,10 +105,16 @@ pub async fn notify_customer(
     let claimed = tx
         .execute(
             &tx.prepare_cached(
-                "INSERT INTO processed_events (event_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                "INSERT INTO processed_events (event_id, topic, partition, kafka_offset)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
             )
             .await?,
-            &[&event.id],
+            &[
+                &event.id,
+                &event.delivery.topic,
+                &event.delivery.partition,
+                &event.delivery.offset,
+            ],
         )
         .await?;
     if claimed == 0 {
@@ -151,6 +157,7 @@ pub async fn notify_customer(
                 customer_id: outcome.customer_id.clone(),
                 message: text,
             },
+            caused_by: Some(&event.id),
         },
     )
     .await?;

@@ -281,6 +281,7 @@ pub async fn place_order(
                 amount_cents,
                 items: order.items.clone(),
             },
+            caused_by: None,
         },
     )
     .await?;

@@ -180,10 +180,16 @@ pub async fn charge_order(
     let claimed = tx
         .execute(
             &tx.prepare_cached(
-                "INSERT INTO processed_events (event_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                "INSERT INTO processed_events (event_id, topic, partition, kafka_offset)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
             )
             .await?,
-            &[&event.id],
+            &[
+                &event.id,
+                &event.delivery.topic,
+                &event.delivery.partition,
+                &event.delivery.offset,
+            ],
         )
         .await?;
     if claimed == 0 {
@@ -241,6 +247,7 @@ pub async fn charge_order(
                 amount_cents: order.amount_cents,
                 reason: reason.cloned(),
             },
+            caused_by: Some(&event.id),
         },
     )
     .await?;

@@ -336,7 +336,7 @@ impl<H: Handler> PartitionWorker<H> {
     async fn process_batch(&self, batch: &[OwnedMessage]) -> bool {
         let Ok(events) = batch
             .iter()
-            .map(|message| Envelope::from_slice(message.payload().unwrap_or_default()))
+            .map(Envelope::from_message)
             .collect::<Result<Vec<_>, _>>()
         else {
             return false;
@@ -376,7 +376,7 @@ impl<H: Handler> PartitionWorker<H> {
     }
 
     async fn process(&self, message: &OwnedMessage) -> Done {
-        let envelope = match Envelope::from_slice(message.payload().unwrap_or_default()) {
+        let envelope = match Envelope::from_message(message) {
             Ok(envelope) => envelope,
             Err(error) => {
                 let now = OffsetDateTime::now_utc();

@@ -32,6 +32,29 @@ pub struct Envelope {
     /// ordering decisions.
     #[serde(with = "time::serde::rfc3339")]
     pub occurred_at: OffsetDateTime,
+    /// Where the consumer read this copy; not on the wire.
+    #[serde(skip)]
+    pub delivery: Delivery,
+}
+
+/// The record an event was read from: guard 1 stores it with the id it claims, so the
+/// story of an order knows which copy of an event took effect. Empty for an event built
+/// in code rather than read from the broker.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Delivery {
+    pub topic: Option<String>,
+    pub partition: Option<i32>,
+    pub offset: Option<i64>,
+}
+
+impl Delivery {
+    pub fn of<M: rdkafka::Message>(message: &M) -> Self {
+        Self {
+            topic: Some(message.topic().to_owned()),
+            partition: Some(message.partition()),
+            offset: Some(message.offset()),
+        }
+    }
 }
 
 /// Why a record is not a usable event. Each variant can never succeed on retry, so a
@@ -60,6 +83,13 @@ pub enum EnvelopeError {
 }
 
 impl Envelope {
+    /// Parses `message`'s value, and notes where it was read.
+    pub fn from_message<M: rdkafka::Message>(message: &M) -> Result<Self, EnvelopeError> {
+        let mut envelope = Self::from_slice(message.payload().unwrap_or_default())?;
+        envelope.delivery = Delivery::of(message);
+        Ok(envelope)
+    }
+
     /// Parses a Kafka record value.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, EnvelopeError> {
         if bytes.iter().all(u8::is_ascii_whitespace) {

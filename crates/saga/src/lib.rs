@@ -47,7 +47,7 @@ pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 
-pub use envelope::{Envelope, EnvelopeError};
+pub use envelope::{Delivery, Envelope, EnvelopeError};
 pub use handler::{Applier, Handler, HandlerError, Outcome, Retry, Step};
 pub use kafka::Topics;
 pub use outbox::OutboxRelay;

@@ -27,7 +27,7 @@ use tokio_postgres::{AsyncMessage, Client, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
-use crate::envelope::Envelope;
+use crate::envelope::{Delivery, Envelope};
 use crate::failpoint;
 use crate::metrics;
 
@@ -41,6 +41,9 @@ pub struct NewEvent<'a, P: Serialize> {
     pub key: &'a str,
     pub event_type: &'a str,
     pub payload: &'a P,
+    /// The id of the event whose handling writes this one (its causation id); `None`
+    /// when no event caused it (an HTTP request did).
+    pub caused_by: Option<&'a str>,
 }
 
 /// Inserts `event` into the outbox inside `tx`. A second event with the same id violates
@@ -56,7 +59,8 @@ pub async fn enqueue<P: Serialize + std::fmt::Debug + Sync>(
 ) -> Result<(), tokio_postgres::Error> {
     let insert = tx
         .prepare_cached(
-            "INSERT INTO outbox (event_id, topic, key, type, payload) VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO outbox (event_id, topic, key, type, payload, caused_by)
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .await?;
     tx.execute(
@@ -67,6 +71,7 @@ pub async fn enqueue<P: Serialize + std::fmt::Debug + Sync>(
             &event.key,
             &event.event_type,
             &Json(event.payload),
+            &event.caused_by,
         ],
     )
     .await?;
@@ -191,7 +196,7 @@ impl OutboxRelay {
     pub async fn publish_batch(&self, client: &Client) -> anyhow::Result<usize> {
         let rows = client
             .query(
-                "SELECT id, event_id, topic, key, type, payload, occurred_at
+                "SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by
                    FROM outbox
                   WHERE published_at IS NULL
                   ORDER BY id
@@ -214,9 +219,11 @@ impl OutboxRelay {
                 aggregate_id: row.get("key"),
                 payload: row.get::<_, Json<serde_json::Value>>("payload").0,
                 occurred_at: row.get::<_, OffsetDateTime>("occurred_at"),
+                delivery: Delivery::default(),
             };
             let value = envelope.to_json();
-            let headers = OwnedHeaders::new()
+            let caused_by: Option<String> = row.get("caused_by");
+            let mut headers = OwnedHeaders::new()
                 .insert(Header {
                     key: "event_id",
                     value: Some(envelope.id.as_str()),
@@ -225,6 +232,12 @@ impl OutboxRelay {
                     key: "event_type",
                     value: Some(envelope.event_type.as_str()),
                 });
+            if let Some(cause) = &caused_by {
+                headers = headers.insert(Header {
+                    key: "causation_id",
+                    value: Some(cause.as_str()),
+                });
+            }
             let record = FutureRecord::to(&topic)
                 .key(&envelope.aggregate_id)
                 .payload(&value)

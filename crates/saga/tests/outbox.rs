@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// Enqueues an `order.created` with `event_id`, caused by the event `cause-<event_id>`.
 async fn enqueue(db: &TestDatabase, topic: &str, key: &str, event_id: &str) {
     let mut client = db.client().await;
     let tx = client.transaction().await.unwrap();
@@ -23,6 +24,7 @@ async fn enqueue(db: &TestDatabase, topic: &str, key: &str, event_id: &str) {
             key,
             event_type: "order.created",
             payload: &json!({ "n": event_id }),
+            caused_by: Some(&format!("cause-{event_id}")),
         },
     )
     .await
@@ -82,6 +84,10 @@ async fn committed_rows_are_published_in_order_keyed_by_order_then_marked_publis
             header(record, "event_type").as_deref(),
             Some("order.created")
         );
+        assert_eq!(
+            header(record, "causation_id").unwrap(),
+            format!("cause-{}", envelope.id)
+        );
         by_key.entry(key).or_default().push(envelope.id);
     }
     for (key, ids) in by_key {
@@ -107,6 +113,7 @@ async fn a_rolled_back_transaction_publishes_nothing() {
             key: "k",
             event_type: "order.created",
             payload: &json!({}),
+            caused_by: None,
         };
         outbox::enqueue(&tx, &event).await.unwrap();
         tx.rollback().await.unwrap();
@@ -140,6 +147,7 @@ async fn a_second_event_with_the_same_id_is_refused_by_the_database() {
         key: "k",
         event_type: "order.cancelled",
         payload: &json!({}),
+        caused_by: None,
     };
     let error = outbox::enqueue(&tx, &again).await.unwrap_err();
 
