@@ -1,5 +1,6 @@
 //! Topic and group names, and the Kafka client settings the saga relies on.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -7,7 +8,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::message::{Headers as _, Message};
+use rdkafka::message::{Headers as _, Message, OwnedMessage};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 /// A header's value as text (lossily, should it not be UTF-8): the dead-letter
 /// headers are read this way by the redrive tool and the tests.
@@ -142,4 +144,85 @@ pub async fn await_topics(
         }
     })
     .await?
+}
+
+/// Every record now in `topic`, read from the start of each partition to its end by a
+/// consumer that joins no group and commits nothing. Blocks: call it off the runtime's
+/// workers. Reads what is retained, so its cost grows with the topic.
+pub fn read_topic(brokers: &str, topic: &str) -> anyhow::Result<Vec<OwnedMessage>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        // Required by the client, used for nothing: the partitions are assigned by hand.
+        .set("group.id", "order-saga-reader")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let timeout = Duration::from_secs(10);
+    let mut assignment = TopicPartitionList::new();
+    let mut remaining = 0;
+    for partition in 0..partition_count(&consumer, topic)? {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
+        if high > low {
+            assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
+            remaining += high - low;
+        }
+    }
+    let mut records = Vec::new();
+    if remaining == 0 {
+        return Ok(records);
+    }
+    consumer.assign(&assignment)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while remaining > 0 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out reading {topic}: {remaining} records short of its end"
+        );
+        if let Some(message) = consumer.poll(Duration::from_millis(500)) {
+            records.push(message?.detach());
+            remaining -= 1;
+        }
+    }
+    Ok(records)
+}
+
+/// The offset `group` has committed on each partition of `topic` (0 where it has none),
+/// and the end of each partition, asked without joining the group. Blocks.
+pub fn committed_and_end(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+) -> anyhow::Result<BTreeMap<i32, (i64, i64)>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let timeout = Duration::from_secs(10);
+    let partitions = partition_count(&consumer, topic)?;
+    let mut wanted = TopicPartitionList::new();
+    for partition in 0..partitions {
+        wanted.add_partition(topic, partition);
+    }
+    let committed = consumer.committed_offsets(wanted, timeout)?;
+    let mut offsets = BTreeMap::new();
+    for partition in 0..partitions {
+        let done = match committed
+            .find_partition(topic, partition)
+            .map(|e| e.offset())
+        {
+            Some(Offset::Offset(offset)) => offset,
+            _ => 0,
+        };
+        let (_, end) = consumer.fetch_watermarks(topic, partition, timeout)?;
+        offsets.insert(partition, (done, end));
+    }
+    Ok(offsets)
+}
+
+fn partition_count(consumer: &BaseConsumer, topic: &str) -> anyhow::Result<i32> {
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    match metadata.topics().first() {
+        Some(t) if t.error().is_none() => Ok(t.partitions().len() as i32),
+        _ => anyhow::bail!("the broker does not serve topic {topic}"),
+    }
 }

@@ -256,9 +256,10 @@ impl TestKafka {
     pub async fn read_all(&self, topic: &str) -> Vec<OwnedMessage> {
         let brokers = self.brokers.clone();
         let topic = topic.to_owned();
-        tokio::task::spawn_blocking(move || read_all_blocking(&brokers, &topic))
+        tokio::task::spawn_blocking(move || saga::kafka::read_topic(&brokers, &topic))
             .await
             .unwrap()
+            .expect("the topic can be read to its end")
     }
 
     /// True once `group` has committed, on every partition of `topic`, the offset of
@@ -267,9 +268,12 @@ impl TestKafka {
         let brokers = self.brokers.clone();
         let group = group.to_owned();
         let topic = topic.to_owned();
-        tokio::task::spawn_blocking(move || caught_up_blocking(&brokers, &group, &topic))
-            .await
-            .unwrap()
+        tokio::task::spawn_blocking(move || {
+            saga::kafka::committed_and_end(&brokers, &group, &topic)
+        })
+        .await
+        .unwrap()
+        .is_ok_and(|offsets| offsets.values().all(|(done, end)| done >= end))
     }
 }
 
@@ -307,72 +311,6 @@ fn group_reader(brokers: &str, group: &str) -> BaseConsumer {
         .set("enable.auto.commit", "false")
         .create()
         .unwrap()
-}
-
-fn read_all_blocking(brokers: &str, topic: &str) -> Vec<OwnedMessage> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("reader-{}", Uuid::new_v4()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let timeout = Duration::from_secs(10);
-    let metadata = consumer.fetch_metadata(Some(topic), timeout).unwrap();
-    let partitions = metadata.topics()[0].partitions().len() as i32;
-    let mut assignment = TopicPartitionList::new();
-    let mut remaining = 0;
-    for partition in 0..partitions {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, partition, timeout)
-            .unwrap();
-        if high > low {
-            assignment
-                .add_partition_offset(topic, partition, Offset::Offset(low))
-                .unwrap();
-            remaining += high - low;
-        }
-    }
-    let mut records = Vec::new();
-    if remaining == 0 {
-        return records;
-    }
-    consumer.assign(&assignment).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while remaining > 0 {
-        assert!(Instant::now() < deadline, "timed out reading {topic}");
-        if let Some(message) = consumer.poll(Duration::from_millis(500)) {
-            records.push(message.unwrap().detach());
-            remaining -= 1;
-        }
-    }
-    records
-}
-
-fn caught_up_blocking(brokers: &str, group: &str, topic: &str) -> bool {
-    let consumer = group_reader(brokers, group);
-    let timeout = Duration::from_secs(10);
-    let metadata = consumer.fetch_metadata(Some(topic), timeout).unwrap();
-    let partitions = metadata.topics()[0].partitions().len() as i32;
-    let mut wanted = TopicPartitionList::new();
-    for partition in 0..partitions {
-        wanted.add_partition(topic, partition);
-    }
-    let Ok(committed) = consumer.committed_offsets(wanted, timeout) else {
-        return false;
-    };
-    (0..partitions).all(|partition| {
-        let (_, high) = consumer
-            .fetch_watermarks(topic, partition, timeout)
-            .unwrap();
-        let done = match committed
-            .find_partition(topic, partition)
-            .map(|e| e.offset())
-        {
-            Some(Offset::Offset(offset)) => offset,
-            _ => 0,
-        };
-        done >= high
-    })
 }
 
 /// Polls `check` until it returns `Some`, or fails the test naming `what` after
