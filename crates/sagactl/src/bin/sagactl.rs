@@ -1,0 +1,94 @@
+//! sagactl: an order's story, stuck orders, dead letters. See `sagactl --help`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use sagactl::story::{self, Databases};
+use sagactl::{Sources, render};
+use uuid::Uuid;
+
+#[derive(Debug, Parser)]
+#[command(version, about = "What the saga did with an order, and what is stuck")]
+struct Cli {
+    #[command(flatten)]
+    sources: Sources,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Every step of one order, in time order, with what each delivery of its events met.
+    Order {
+        id: Uuid,
+        /// Also the records a service ignored because they are not its events.
+        #[arg(long)]
+        all: bool,
+    },
+    /// The newest orders, by status and age: `--status pending --older-than 30s` finds
+    /// stuck ones.
+    Orders {
+        #[arg(long, value_parser = ["pending", "confirmed", "cancelled"])]
+        status: Option<String>,
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+        older_than: Duration,
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+    /// Each dead-letter topic: how many records, and why.
+    DeadLetters,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("sagactl: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let print = |text: String, json: serde_json::Value| {
+        if cli.json {
+            println!("{json:#}");
+        } else {
+            print!("{text}");
+        }
+    };
+    match &cli.command {
+        Command::Order { id, all } => {
+            let databases = Databases::connect(&cli.sources).await?;
+            let Some(story) = story::tell(&cli.sources, &databases, *id).await? else {
+                eprintln!("sagactl: order-service has no order {id}");
+                return Ok(ExitCode::from(2));
+            };
+            print(render::story(&story, *all), serde_json::to_value(&story)?);
+        }
+        Command::Orders {
+            status,
+            older_than,
+            limit,
+        } => {
+            let databases = Databases::connect(&cli.sources).await?;
+            let orders =
+                sagactl::orders(&databases, status.as_deref(), *older_than, *limit).await?;
+            print(render::orders(&orders), serde_json::to_value(&orders)?);
+        }
+        Command::DeadLetters => {
+            let summaries = sagactl::dead_letters(&cli.sources).await?;
+            print(
+                render::dead_letters(&summaries),
+                serde_json::to_value(&summaries)?,
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

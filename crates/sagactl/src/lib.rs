@@ -1,0 +1,164 @@
+//! sagactl: what the saga did, read from where it is recorded (the services' databases
+//! and the topics), for an operator finding a stuck order and a student watching a
+//! replay bounce off a guard.
+//!
+//! - [`story`]: one order's steps across the services, the provider and the topics, with
+//!   what every delivery of its events met.
+//! - [`render`]: the story, stuck orders and dead letters as text.
+//!
+//! It reads only: nothing it does changes the saga.
+
+pub mod render;
+pub mod story;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::Args;
+use rdkafka::Message as _;
+use saga::Topics;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+/// Where the saga keeps what sagactl reads: the four databases and the broker. The
+/// defaults are those of `scripts/up` and of the compose stack's published ports.
+#[derive(Debug, Clone, Args)]
+pub struct Sources {
+    #[arg(
+        long,
+        env = "ORDERS_DATABASE_URL",
+        default_value = "postgres://saga:saga@127.0.0.1:5432/orders"
+    )]
+    pub orders_database_url: String,
+    #[arg(
+        long,
+        env = "PAYMENTS_DATABASE_URL",
+        default_value = "postgres://saga:saga@127.0.0.1:5432/payments"
+    )]
+    pub payments_database_url: String,
+    #[arg(
+        long,
+        env = "NOTIFICATIONS_DATABASE_URL",
+        default_value = "postgres://saga:saga@127.0.0.1:5432/notifications"
+    )]
+    pub notifications_database_url: String,
+    #[arg(
+        long,
+        env = "PROVIDER_DATABASE_URL",
+        default_value = "postgres://saga:saga@127.0.0.1:5432/provider"
+    )]
+    pub provider_database_url: String,
+    /// Kafka bootstrap servers, comma separated.
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub kafka_brokers: String,
+    /// The services' KAFKA_NAMESPACE, if they were given one.
+    #[arg(long, env = "KAFKA_NAMESPACE", default_value = "",
+          value_parser = |s: &str| Ok::<_, String>(Topics::new(s)))]
+    pub topics: Topics,
+}
+
+/// `15:12:06.014`: a time of day to the millisecond, in UTC.
+pub fn clock(at: OffsetDateTime) -> String {
+    at.format(time::macros::format_description!(
+        "[hour]:[minute]:[second].[subsecond digits:3]"
+    ))
+    .unwrap_or_default()
+}
+
+/// `postgres://user@host/db`: a URL fit for an error message.
+pub fn without_password(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, rest)), Some((_, host))) => {
+            let user = rest.split([':', '@']).next().unwrap_or_default();
+            format!("{scheme}://{user}@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// An order that has not settled, for `sagactl orders`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Listed {
+    pub id: Uuid,
+    pub status: String,
+    pub amount_cents: i64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+/// The newest orders with `status` (any if `None`) placed more than `older_than` ago.
+pub async fn orders(
+    databases: &story::Databases,
+    status: Option<&str>,
+    older_than: Duration,
+    limit: i64,
+) -> anyhow::Result<Vec<Listed>> {
+    let rows = databases
+        .orders()
+        .query(
+            "SELECT id, status, amount_cents, created_at, updated_at FROM orders
+              WHERE ($1::text IS NULL OR status = $1)
+                AND created_at < now() - make_interval(secs => $2)
+              ORDER BY created_at DESC LIMIT $3",
+            &[&status, &older_than.as_secs_f64(), &limit],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| Listed {
+            id: row.get("id"),
+            status: row.get("status"),
+            amount_cents: row.get("amount_cents"),
+            created_at: row.get("created_at"),
+            updated_at: row.get("updated_at"),
+        })
+        .collect())
+}
+
+/// One dead-letter topic, summarised.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadLetters {
+    pub topic: String,
+    pub count: usize,
+    /// How many records each reason holds, most frequent first.
+    pub reasons: Vec<(String, usize)>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub newest: Option<OffsetDateTime>,
+}
+
+/// Every dead-letter topic of the saga: how many records, for which reasons.
+pub async fn dead_letters(sources: &Sources) -> anyhow::Result<Vec<DeadLetters>> {
+    let topics = &sources.topics;
+    let mut summaries = Vec::new();
+    for (topic, service) in [
+        (&topics.orders, "payment-service"),
+        (&topics.payments, "order-service"),
+        (&topics.orders, "notification-service"),
+    ] {
+        let dead_letter_topic = topics.dead_letter(topic, service);
+        let records = story::records(&sources.kafka_brokers, &dead_letter_topic).await?;
+        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+        for record in &records {
+            let reason = saga::kafka::header(record, "dlq.reason")
+                .unwrap_or_else(|| "(no dlq.reason header)".into());
+            *reasons.entry(reason).or_default() += 1;
+        }
+        let mut reasons: Vec<(String, usize)> = reasons.into_iter().collect();
+        reasons.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        summaries.push(DeadLetters {
+            topic: dead_letter_topic,
+            count: records.len(),
+            reasons,
+            newest: records
+                .iter()
+                .filter_map(|r| r.timestamp().to_millis())
+                .max()
+                .and_then(|ms| {
+                    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
+                }),
+        });
+    }
+    Ok(summaries)
+}
