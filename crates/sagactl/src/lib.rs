@@ -10,6 +10,7 @@
 
 pub mod render;
 pub mod story;
+pub mod web;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

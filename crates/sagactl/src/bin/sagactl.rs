@@ -41,6 +41,13 @@ enum Command {
     },
     /// Each dead-letter topic: how many records, and why.
     DeadLetters,
+    /// The same as a web page: recent orders, a search by id, and each order's timeline,
+    /// updated live.
+    Serve {
+        /// Where to listen; loopback unless told otherwise.
+        #[arg(long, env = "SAGACTL_ADDR", default_value = "127.0.0.1:8090")]
+        addr: std::net::SocketAddr,
+    },
 }
 
 #[tokio::main]
@@ -81,6 +88,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let orders =
                 sagactl::orders(&databases, status.as_deref(), *older_than, *limit).await?;
             print(render::orders(&orders), serde_json::to_value(&orders)?);
+        }
+        Command::Serve { addr } => {
+            saga::telemetry::init();
+            let web = sagactl::web::Web::connect(cli.sources.clone()).await?;
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            eprintln!("sagactl: serving http://{addr}");
+            axum::serve(listener, sagactl::web::router(web))
+                .with_graceful_shutdown(saga::shutdown::on_signal().cancelled_owned())
+                .await?;
         }
         Command::DeadLetters => {
             let summaries = sagactl::dead_letters(&cli.sources).await?;

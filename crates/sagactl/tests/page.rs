@@ -1,0 +1,135 @@
+//! The story's web page in a real browser (Debian's chromium, driven headless through
+//! chromedriver): an order's timeline shows a payment replayed by hand stopped by guard
+//! 1, live, without a reload.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use fantoccini::{ClientBuilder, Locator};
+use saga_e2e::{NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, Stack};
+use saga_testkit::eventually;
+use sagactl::Sources;
+use serde_json::json;
+use tokio::process::Command;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn a_payment_replayed_by_hand_appears_stopped_by_guard_1_on_the_open_page_without_a_reload() {
+    let stack = Stack::start().await;
+    let order_id = stack.place_order(2).await;
+    stack.notified(order_id).await;
+
+    let sources = Sources {
+        orders_database_url: stack.database(ORDER_SERVICE).url.clone(),
+        payments_database_url: stack.database(PAYMENT_SERVICE).url.clone(),
+        notifications_database_url: stack.database(NOTIFICATION_SERVICE).url.clone(),
+        provider_database_url: stack.database(PAYMENT_PROVIDER).url.clone(),
+        kafka_brokers: stack.kafka.brokers.clone(),
+        topics: stack.kafka.topics.clone(),
+    };
+    let web = sagactl::web::Web::connect(sources).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let site = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, sagactl::web::router(web)).await });
+
+    let driver_port = free_port();
+    let mut driver = Command::new("chromedriver")
+        .arg(format!("--port={driver_port}"))
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("chromedriver is installed (scripts/test installs chromium-driver)");
+    let capabilities = json!({
+        "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1800"],
+        }
+    });
+    let browser = eventually(WAIT, "chromedriver to accept a session", || {
+        let capabilities = capabilities.as_object().unwrap().clone();
+        async move {
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(capabilities)
+                .connect(&format!("http://127.0.0.1:{driver_port}"))
+                .await
+                .ok()
+        }
+    })
+    .await;
+
+    browser
+        .goto(&format!("{site}/orders/{order_id}"))
+        .await
+        .unwrap();
+    // A mark a reload would wipe.
+    browser
+        .execute("window.loadedOnce = true; return true;", vec![])
+        .await
+        .unwrap();
+    browser
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css(".live.on"))
+        .await
+        .expect("the page listens for updates");
+    assert!(
+        browser
+            .find_all(Locator::Css(".card.guard1"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "no copy yet"
+    );
+
+    let replay = saga_testkit::envelope(
+        &format!("{order_id}:payment"),
+        "payment.succeeded",
+        order_id,
+        json!({ "order_id": order_id, "amount_cents": 2598 }),
+    );
+    stack
+        .kafka
+        .produce(&stack.kafka.topics.payments, None, &replay)
+        .await;
+
+    let card = browser
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css(".card.guard1.new"))
+        .await
+        .expect("the replay appears, stopped by guard 1");
+    let text = card.text().await.unwrap();
+    assert!(text.contains("guard 1"), "{text}");
+    assert!(text.contains("payment.succeeded"), "{text}");
+    assert!(text.contains("already claimed, nothing touched"), "{text}");
+    let lane = browser
+        .execute(
+            "const card = document.querySelector('.card.guard1');
+             const cells = [...card.parentElement.children];
+             const column = (cells.indexOf(card) % 6);
+             return document.querySelectorAll('.lane-head')[column].textContent;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(lane, json!("order-service"), "in order-service's lane");
+    let same_page = browser
+        .execute("return window.loadedOnce === true;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(same_page, json!(true), "updated in place, not reloaded");
+
+    let png = browser.screenshot().await.unwrap();
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("sagactl-timeline.png");
+    std::fs::write(&shot, png).unwrap();
+    browser.close().await.unwrap();
+    driver.kill().await.unwrap();
+}
