@@ -87,6 +87,15 @@ require_command() {
   command -v "$cmd" >/dev/null 2>&1 || die "'$cmd' not found on PATH: $hint"
 }
 
+# Debian's chromium and its WebDriver, for the test that opens sagactl's page in
+# a browser: installed once, never downloaded by the test itself.
+ensure_browser() {
+  command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 && return 0
+  log "installing Debian's chromium and chromium-driver (for the browser test)"
+  apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >&2
+}
+
 # True when PID_FILE names a live process whose command line contains PATTERN.
 # The pattern guards against a recycled pid after a reboot or a crash.
 pid_file_alive() {
