@@ -14,17 +14,19 @@
 //!   - **waiting**: the group has not committed past it yet;
 //!   - **ignored**: not an event type that consumer handles;
 //!   - **applied** or **guard 2**: its inbox row names this very record as the one that
-//!     claimed the id; applied if the consumer's outbox has a row caused by the event,
-//!     guard 2 if not;
+//!     claimed the id; applied if the consumer's outbox has a row caused by the event
+//!     written in the claim's own transaction (the two share `now()`), guard 2 if not;
 //!   - **guard 1**: the id was claimed by another record. Guard 1 touches nothing, so
 //!     this is known from the claim, not from a trace of its own, and when it happened is
 //!     known only as "after the record was written".
 //!
-//! A consumer's redelivery of one record (after a crash, before its offset was committed)
-//! is not a second record, so the story shows it once; the claim still says which
-//! delivery took effect. Rows the pruner removed (the inbox after `INBOX_RETENTION`, the
-//! outbox after `OUTBOX_RETENTION`) and records past the topics' retention are gone from
-//! the story too; a delivery whose id is no longer in the inbox says so.
+//! If the inbox forgot a claim (pruned after `INBOX_RETENTION`, or deleted by hand) and a
+//! later copy claimed the id anew, the effect is older than the claim: the copy that
+//! applied the event is then the first one written before its effect, and the later one
+//! met guard 2. A consumer's redelivery of one record (after a crash, before its offset
+//! was committed) is not a second record, so the story shows it once; the claim still
+//! says which delivery took effect. Outbox rows past `OUTBOX_RETENTION` and records past
+//! the topics' retention are gone from the story too.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -249,7 +251,7 @@ pub async fn tell(
     }];
 
     // What each service wrote to its outbox about the order, and what caused each row.
-    let mut caused: HashMap<(&str, String), Vec<String>> = HashMap::new();
+    let mut caused: HashMap<(&str, String), Effect> = HashMap::new();
     for (service, client) in &databases.by_service {
         let rows = client
             .query(
@@ -266,7 +268,11 @@ pub async fn tell(
             if let Some(cause) = &cause {
                 caused
                     .entry((service, cause.clone()))
-                    .or_default()
+                    .or_insert_with(|| Effect {
+                        types: Vec::new(),
+                        at: row.get("occurred_at"),
+                    })
+                    .types
                     .push(event_type.clone());
             }
             steps.push(Step {
@@ -424,11 +430,19 @@ pub async fn tell(
             let dead_letters =
                 records(&sources.kafka_brokers, &topics.dead_letter(topic, service)).await?;
             for (message, event) in &events {
+                let copies: Vec<&OwnedMessage> = events
+                    .iter()
+                    .filter(|(_, other)| {
+                        other.as_ref().map(|o| &o.id) == event.as_ref().map(|e| &e.id)
+                    })
+                    .map(|(m, _)| *m)
+                    .collect();
                 let step = fate(
                     service,
                     handles,
                     message,
                     event.as_ref(),
+                    &copies,
                     &offsets,
                     &dead_letters,
                     databases.of(service),
@@ -454,17 +468,26 @@ fn about(message: &OwnedMessage, key: &str) -> bool {
     }
 }
 
-/// What `service` made of one record.
+/// What a service wrote, in one transaction, because of one event.
+struct Effect {
+    types: Vec<String>,
+    /// The transaction's time (`now()`), which its claim of the event id shares.
+    at: OffsetDateTime,
+}
+
+/// What `service` made of one record, one of the `copies` (in the order they were
+/// written) of its event.
 #[allow(clippy::too_many_arguments)]
 async fn fate(
     service: &str,
     handles: &[&str],
     message: &OwnedMessage,
     event: Option<&Envelope>,
+    copies: &[&OwnedMessage],
     offsets: &BTreeMap<i32, (i64, i64)>,
     dead_letters: &[OwnedMessage],
     inbox: &Client,
-    caused: &HashMap<(&str, String), Vec<String>>,
+    caused: &HashMap<(&str, String), Effect>,
 ) -> anyhow::Result<Step> {
     let at = timestamp(message);
     let step = |at, kind, text: String, detail: Option<String>| Step {
@@ -517,6 +540,60 @@ async fn fate(
             &[&event.id],
         )
         .await?;
+    let effect = caused.get(&(service, event.id.clone()));
+    let applied = |at| {
+        step(
+            at,
+            Kind::Applied,
+            format!(
+                "applied {}: wrote {}",
+                event.event_type,
+                effect.map(|e| e.types.join(", ")).unwrap_or_default()
+            ),
+            Some(format!("id {}", event.id)),
+        )
+    };
+    let claimed_at: Option<OffsetDateTime> = claim.as_ref().map(|c| c.get("processed_at"));
+    let claimed_by = claim.as_ref().map(|claim| {
+        (
+            claim.get::<_, Option<String>>("topic"),
+            claim.get::<_, Option<i32>>("partition"),
+            claim.get::<_, Option<i64>>("kafka_offset"),
+        )
+    });
+    let this = (
+        Some(message.topic().to_owned()),
+        Some(message.partition()),
+        Some(message.offset()),
+    );
+    let is_claimer = claimed_by.as_ref() == Some(&this);
+    // An effect written in another transaction than the claim now in the inbox: the claim
+    // that went with it is gone (pruned, or deleted by hand), and a later copy claimed the
+    // id anew. The copy that applied it is the first one written before the effect.
+    if let Some(effect) = effect.filter(|e| Some(e.at) != claimed_at) {
+        let first = copies.iter().find(|m| timestamp(m) <= effect.at);
+        if first
+            .is_some_and(|m| m.partition() == message.partition() && m.offset() == message.offset())
+        {
+            let mut step = applied(effect.at);
+            step.detail = Some(format!(
+                "id {}; its claim is no longer in the inbox",
+                event.id
+            ));
+            return Ok(step);
+        }
+        if !is_claimer && claimed_at.is_none_or(|claimed| at < claimed) {
+            return Ok(step(
+                at,
+                Kind::Guard1,
+                format!(
+                    "guard 1: {} {} already claimed, nothing touched",
+                    event.event_type, event.id
+                ),
+                Some("claimed by an earlier copy, whose claim is no longer in the inbox".into()),
+            ));
+        }
+    }
     let Some(claim) = claim else {
         return Ok(step(
             at,
@@ -529,18 +606,8 @@ async fn fate(
         ));
     };
     let claimed_at: OffsetDateTime = claim.get("processed_at");
-    let claimed_by = (
-        claim.get::<_, Option<String>>("topic"),
-        claim.get::<_, Option<i32>>("partition"),
-        claim.get::<_, Option<i64>>("kafka_offset"),
-    );
-    let this = (
-        Some(message.topic().to_owned()),
-        Some(message.partition()),
-        Some(message.offset()),
-    );
-    if claimed_by != this {
-        let by = match claimed_by {
+    if !is_claimer {
+        let by = match claimed_by.expect("there is a claim") {
             (Some(t), Some(p), Some(o)) => place(&t, p, o),
             _ => "a record read before claims were recorded".into(),
         };
@@ -554,13 +621,9 @@ async fn fate(
             Some(format!("claimed by {by} at {}", crate::clock(claimed_at))),
         ));
     }
-    Ok(match caused.get(&(service, event.id.clone())) {
-        Some(written) => step(
-            claimed_at,
-            Kind::Applied,
-            format!("applied {}: wrote {}", event.event_type, written.join(", ")),
-            Some(format!("id {}", event.id)),
-        ),
+    // The claim is this record's: applied if the effect was written in its transaction.
+    Ok(match effect.filter(|e| e.at == claimed_at) {
+        Some(_) => applied(claimed_at),
         None => step(
             claimed_at,
             Kind::Guard2,

@@ -207,3 +207,56 @@ async fn a_story_stays_open_while_its_order_waits_for_a_service_and_closes_when_
     assert!(steps(&done, PAYMENT_SERVICE, Kind::Waiting).is_empty());
     assert_eq!(steps(&done, PAYMENT_SERVICE, Kind::Applied).len(), 1);
 }
+
+/// The inbox forgets (the pruner, or a person deleting the row): a copy of the event
+/// arriving after that claims the id anew and meets guard 2. The story still names the
+/// copy that applied it, by the effect its transaction wrote.
+#[tokio::test]
+async fn a_copy_arriving_after_the_inbox_forgot_is_told_as_guard_2_and_the_original_as_applied() {
+    let stack = Stack::start().await;
+    let topics = &stack.kafka.topics;
+    let order_id = stack.place_order(2).await;
+    stack.notified(order_id).await;
+    let key = order_id.to_string();
+    let payments = stack.database(PAYMENT_SERVICE);
+    let forgotten = payments
+        .client()
+        .await
+        .execute("DELETE FROM processed_events WHERE event_id = $1", &[&key])
+        .await
+        .unwrap();
+    assert_eq!(forgotten, 1);
+    let created = stack
+        .kafka
+        .read_all(&topics.orders)
+        .await
+        .into_iter()
+        .find(|m| saga::kafka::header(m, "event_id").as_deref() == Some(key.as_str()))
+        .unwrap();
+    stack
+        .kafka
+        .produce(
+            &topics.orders,
+            None,
+            rdkafka::Message::payload(&created).unwrap(),
+        )
+        .await;
+    stack.caught_up(PAYMENT_SERVICE, &topics.orders).await;
+
+    let story = tell(&stack, order_id).await;
+    let applied = steps(&story, PAYMENT_SERVICE, Kind::Applied);
+    assert_eq!(applied.len(), 1, "{:#?}", story.steps);
+    assert!(
+        applied[0]
+            .detail
+            .as_deref()
+            .unwrap()
+            .ends_with("its claim is no longer in the inbox"),
+        "{applied:?}"
+    );
+    let late = steps(&story, PAYMENT_SERVICE, Kind::Guard2);
+    assert_eq!(late.len(), 1, "{:#?}", story.steps);
+    assert!(late[0].at > applied[0].at);
+    assert!(steps(&story, PAYMENT_SERVICE, Kind::Guard1).is_empty());
+    assert_eq!(steps(&story, PAYMENT_PROVIDER, Kind::Charged).len(), 1);
+}
