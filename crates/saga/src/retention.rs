@@ -286,7 +286,7 @@ pub enum CheckError {
     /// creates the topics may still be at work.
     #[error("the broker does not know topic {0} (yet): cannot read its retention")]
     UnknownTopic(String),
-    /// The window is too short, or a topic is missing: a setting to change.
+    /// The window is too short, or a topic reports no usable retention: a setting to change.
     #[error(transparent)]
     Refused(anyhow::Error),
 }
