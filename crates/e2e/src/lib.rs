@@ -448,6 +448,22 @@ impl Stack {
         stdout
     }
 
+    /// Produces a copy of the `order.created` order-service published for `order_id`, as
+    /// a person with the console producer would: the same bytes, no key.
+    pub async fn replay_order_created(&self, order_id: Uuid) {
+        let orders = &self.kafka.topics.orders;
+        let id = order_id.to_string();
+        let created = self
+            .kafka
+            .read_all(orders)
+            .await
+            .into_iter()
+            .find(|m| saga::kafka::header(m, "event_id").as_deref() == Some(id.as_str()))
+            .expect("order.created was published");
+        let bytes = rdkafka::Message::payload(&created).expect("a record with a value");
+        self.kafka.produce(orders, None, bytes).await;
+    }
+
     /// Waits until `service`'s consumer group has committed everything on `topic`.
     pub async fn caught_up(&self, service: &str, topic: &str) {
         let group = self.kafka.topics.group(service);

@@ -66,21 +66,7 @@ async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
         json!({ "order_id": replayed, "amount_cents": 2598, "reason": "card declined" }),
     );
     stack.kafka.produce(&topics.payments, None, &late).await;
-    let created = stack
-        .kafka
-        .read_all(&topics.orders)
-        .await
-        .into_iter()
-        .find(|m| saga::kafka::header(m, "event_id").as_deref() == Some(&replayed.to_string()))
-        .expect("order.created was published");
-    stack
-        .kafka
-        .produce(
-            &topics.orders,
-            None,
-            rdkafka::Message::payload(&created).unwrap(),
-        )
-        .await;
+    stack.replay_order_created(replayed).await;
     let unknown = br#"{"id":"p-1","type":"payment.refunded","aggregate_id":"x","payload":{},"occurred_at":"2026-07-14T09:15:40Z"}"#;
     stack
         .kafka

@@ -553,6 +553,17 @@ async fn fate(
             Some(format!("id {}", event.id)),
         )
     };
+    let guard_1 = |detail: String| {
+        step(
+            at,
+            Kind::Guard1,
+            format!(
+                "guard 1: {} {} already claimed, nothing touched",
+                event.event_type, event.id
+            ),
+            Some(detail),
+        )
+    };
     let claimed_at: Option<OffsetDateTime> = claim.as_ref().map(|c| c.get("processed_at"));
     let claimed_by = claim.as_ref().map(|claim| {
         (
@@ -583,14 +594,8 @@ async fn fate(
             return Ok(step);
         }
         if !is_claimer && claimed_at.is_none_or(|claimed| at < claimed) {
-            return Ok(step(
-                at,
-                Kind::Guard1,
-                format!(
-                    "guard 1: {} {} already claimed, nothing touched",
-                    event.event_type, event.id
-                ),
-                Some("claimed by an earlier copy, whose claim is no longer in the inbox".into()),
+            return Ok(guard_1(
+                "claimed by an earlier copy, whose claim is no longer in the inbox".into(),
             ));
         }
     }
@@ -611,15 +616,10 @@ async fn fate(
             (Some(t), Some(p), Some(o)) => place(&t, p, o),
             _ => "a record read before claims were recorded".into(),
         };
-        return Ok(step(
-            at,
-            Kind::Guard1,
-            format!(
-                "guard 1: {} {} already claimed, nothing touched",
-                event.event_type, event.id
-            ),
-            Some(format!("claimed by {by} at {}", crate::clock(claimed_at))),
-        ));
+        return Ok(guard_1(format!(
+            "claimed by {by} at {}",
+            crate::clock(claimed_at)
+        )));
     }
     // The claim is this record's: applied if the effect was written in its transaction.
     Ok(match effect.filter(|e| e.at == claimed_at) {

@@ -6,11 +6,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fantoccini::{ClientBuilder, Locator};
-use saga_e2e::{NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, Stack};
+use saga_e2e::Stack;
 use saga_testkit::eventually;
-use sagactl::Sources;
 use serde_json::json;
 use tokio::process::Command;
+
+mod common;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -27,15 +28,9 @@ async fn a_payment_replayed_by_hand_appears_stopped_by_guard_1_on_the_open_page_
     let order_id = stack.place_order(2).await;
     stack.notified(order_id).await;
 
-    let sources = Sources {
-        orders_database_url: stack.database(ORDER_SERVICE).url.clone(),
-        payments_database_url: stack.database(PAYMENT_SERVICE).url.clone(),
-        notifications_database_url: stack.database(NOTIFICATION_SERVICE).url.clone(),
-        provider_database_url: stack.database(PAYMENT_PROVIDER).url.clone(),
-        kafka_brokers: stack.kafka.brokers.clone(),
-        topics: stack.kafka.topics.clone(),
-    };
-    let web = sagactl::web::Web::connect(sources).await.unwrap();
+    let web = sagactl::web::Web::connect(common::sources(&stack))
+        .await
+        .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let site = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, sagactl::web::router(web)).await });

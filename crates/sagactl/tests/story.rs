@@ -6,24 +6,14 @@ use saga_e2e::{
     NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, SETTLE, Stack,
 };
 use saga_testkit::eventually;
-use sagactl::Sources;
 use sagactl::story::{self, Databases, Kind, Step, Story};
 use serde_json::json;
 use uuid::Uuid;
 
-fn sources(stack: &Stack) -> Sources {
-    Sources {
-        orders_database_url: stack.database(ORDER_SERVICE).url.clone(),
-        payments_database_url: stack.database(PAYMENT_SERVICE).url.clone(),
-        notifications_database_url: stack.database(NOTIFICATION_SERVICE).url.clone(),
-        provider_database_url: stack.database(PAYMENT_PROVIDER).url.clone(),
-        kafka_brokers: stack.kafka.brokers.clone(),
-        topics: stack.kafka.topics.clone(),
-    }
-}
+mod common;
 
 async fn tell(stack: &Stack, order_id: Uuid) -> Story {
-    let sources = sources(stack);
+    let sources = common::sources(stack);
     let databases = Databases::connect(&sources).await.unwrap();
     story::tell(&sources, &databases, order_id)
         .await
@@ -80,21 +70,7 @@ async fn every_copy_of_an_event_is_told_with_what_stopped_it_and_the_one_that_to
             .kafka
             .produce(&topics.payments, Some(&key), b"{not an event")
             .await;
-        let created = stack
-            .kafka
-            .read_all(&topics.orders)
-            .await
-            .into_iter()
-            .find(|m| saga::kafka::header(m, "event_id").as_deref() == Some(key.as_str()))
-            .expect("order.created was published");
-        stack
-            .kafka
-            .produce(
-                &topics.orders,
-                None,
-                rdkafka::Message::payload(&created).unwrap(),
-            )
-            .await;
+        stack.replay_order_created(*order_id).await;
     }
     for service in [ORDER_SERVICE, PAYMENT_SERVICE] {
         let (_, topic, _) = stack.subscription(service);
@@ -226,21 +202,7 @@ async fn a_copy_arriving_after_the_inbox_forgot_is_told_as_guard_2_and_the_origi
         .await
         .unwrap();
     assert_eq!(forgotten, 1);
-    let created = stack
-        .kafka
-        .read_all(&topics.orders)
-        .await
-        .into_iter()
-        .find(|m| saga::kafka::header(m, "event_id").as_deref() == Some(key.as_str()))
-        .unwrap();
-    stack
-        .kafka
-        .produce(
-            &topics.orders,
-            None,
-            rdkafka::Message::payload(&created).unwrap(),
-        )
-        .await;
+    stack.replay_order_created(order_id).await;
     stack.caught_up(PAYMENT_SERVICE, &topics.orders).await;
 
     let story = tell(&stack, order_id).await;
