@@ -115,6 +115,45 @@ async fn an_unknown_order_is_404_and_a_malformed_id_names_the_id() {
     assert_eq!(error["error"]["field"], "id");
 }
 
+/// Axum's own refusals (no route, a method a route does not take, a body over the limit)
+/// are the same JSON error as the API's, and say what was wrong.
+#[tokio::test]
+async fn every_refusal_is_a_json_error_an_unknown_path_a_wrong_method_and_a_body_too_large() {
+    let app = spawn_app().await;
+
+    let (status, error) = app.get("/v2/nothing-here").await;
+    assert_eq!(status, 404);
+    assert_eq!(error["error"]["code"], "not_found");
+
+    let deleted = app
+        .http
+        .delete(format!("{}/v1/orders/x", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 405);
+    assert_eq!(deleted.headers()["allow"], "GET,HEAD");
+    let error: Value = deleted.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "method_not_allowed");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the Allow header"),
+        "{error}"
+    );
+
+    let big = format!(r#"{{"customer_id":"{}"}}"#, "x".repeat(3 << 20));
+    let (status, error) = app.post_raw("application/json", &big).await;
+    assert_eq!(status, 413);
+    assert_eq!(error["error"]["code"], "payload_too_large");
+    assert_eq!(
+        error["error"]["message"],
+        "request body over the limit of 2 MiB"
+    );
+    assert_eq!(app.orders().await, 0);
+}
+
 /// The test topics keep records for the broker's default 7 days; an inbox that forgets
 /// ids after an hour could meet a copy of an event it no longer knows.
 #[tokio::test]

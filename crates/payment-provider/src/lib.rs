@@ -166,11 +166,13 @@ impl Application {
             faults: faults.clone(),
             stats: Arc::default(),
         };
-        let router = charges::router(state.clone())
-            .merge(admin(state))
-            .merge(saga::http::health(self.pool.clone()))
-            .merge(saga::metrics::router(None))
-            .layer(axum::middleware::from_fn(saga::metrics::track_http));
+        let router = saga::http::edge(
+            charges::router(state.clone())
+                .merge(admin(state))
+                .merge(saga::http::health(self.pool.clone()))
+                .merge(saga::metrics::router(None)),
+        )
+        .layer(axum::middleware::from_fn(saga::metrics::track_http));
         let pruner = self.config.pruning.pruner(
             &self.config.database_url,
             vec![Target::idempotency_keys(

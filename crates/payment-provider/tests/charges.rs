@@ -313,3 +313,25 @@ async fn a_fault_that_makes_no_sense_is_refused_naming_the_field() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn a_path_or_method_it_does_not_serve_is_the_same_json_error() {
+    let provider = provider().await;
+    for (request, status, code) in [
+        (
+            provider.http.get(format!("{}/v1/refunds", provider.url)),
+            404,
+            "not_found",
+        ),
+        (
+            provider.http.delete(format!("{}/v1/charges", provider.url)),
+            405,
+            "method_not_allowed",
+        ),
+    ] {
+        let answer = request.send().await.unwrap();
+        assert_eq!(answer.status(), status);
+        let error: Value = answer.json().await.unwrap();
+        assert_eq!(error["error"]["code"], code, "{error}");
+    }
+}

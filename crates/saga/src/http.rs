@@ -1,11 +1,13 @@
 //! The HTTP edge every service has: `/health` for supervisors, a server that stops
-//! accepting on shutdown and lets in-flight requests finish, and the reading of a JSON
-//! body.
+//! accepting on shutdown and lets in-flight requests finish, the reading of a JSON body,
+//! and [`json_errors`], which makes every error answer the JSON one, axum's own included.
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Json};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use deadpool_postgres::Pool;
 use serde_json::{Value, json};
@@ -65,4 +67,64 @@ pub fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, BodyError> {
         return Err(BodyError::NotJson);
     }
     serde_json::from_slice(body).map_err(|error| BodyError::Malformed(error.to_string()))
+}
+
+/// The largest request body a service reads; a larger one is `413 payload_too_large`.
+/// Axum's default, stated here so the error can name it.
+pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// The body limit and [`json_errors`], for a service's whole router.
+pub fn edge(router: Router) -> Router {
+    router
+        // Set, so that the layers below surely cover a path no route matches.
+        .fallback(|| async { StatusCode::NOT_FOUND })
+        .layer(axum::middleware::from_fn(json_errors))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+}
+
+/// Middleware: an error answer that is not JSON becomes the JSON error every handler
+/// answers with, `{"error": {"code", "message"}}`, its status and headers kept (`Allow` on a
+/// 405 too). Axum answers an unknown path `404` and a wrong method `405` with no body, and a
+/// body over the limit `413` in plain text; a client should not have to parse three
+/// formats of error.
+pub async fn json_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let code = status
+        .canonical_reason()
+        .unwrap_or("error")
+        .to_lowercase()
+        .replace([' ', '-'], "_");
+    let message = match status {
+        StatusCode::NOT_FOUND => "no such route".to_owned(),
+        // Axum adds the `Allow` header after this layer has run: point to it.
+        StatusCode::METHOD_NOT_ALLOWED => {
+            "method not allowed here; the Allow header lists those that are".to_owned()
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            format!("request body over the limit of {} MiB", BODY_LIMIT >> 20)
+        }
+        _ if !text.is_empty() => text,
+        _ => code.replace('_', " "),
+    };
+    let body = json!({ "error": { "code": code, "message": message } }).to_string();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, Body::from(body))
 }

@@ -128,10 +128,12 @@ impl Service {
         tracing::info!(service = self.name, addr = %self.local_addr(), "service started");
 
         let tasks = Tasks::new(shutdown.clone());
-        let router = router
-            .merge(crate::http::health(self.pool.clone()))
-            .merge(crate::metrics::router(Some(self.pool.clone())))
-            .layer(axum::middleware::from_fn(crate::metrics::track_http));
+        let router = crate::http::edge(
+            router
+                .merge(crate::http::health(self.pool.clone()))
+                .merge(crate::metrics::router(Some(self.pool.clone()))),
+        )
+        .layer(axum::middleware::from_fn(crate::metrics::track_http));
         tasks.spawn(
             "http",
             crate::http::serve(self.listener, router, shutdown.clone()),
