@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::Args;
-use rdkafka::Message as _;
 use saga::Topics;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -133,12 +132,8 @@ pub struct DeadLetters {
 pub async fn dead_letters(sources: &Sources) -> anyhow::Result<Vec<DeadLetters>> {
     let topics = &sources.topics;
     let mut summaries = Vec::new();
-    for (topic, service) in [
-        (&topics.orders, "payment-service"),
-        (&topics.payments, "order-service"),
-        (&topics.orders, "notification-service"),
-    ] {
-        let dead_letter_topic = topics.dead_letter(topic, service);
+    for (topic, service, _) in story::consumers(topics) {
+        let dead_letter_topic = topics.dead_letter(&topic, service);
         let records = story::records(&sources.kafka_brokers, &dead_letter_topic).await?;
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
         for record in &records {
@@ -152,13 +147,7 @@ pub async fn dead_letters(sources: &Sources) -> anyhow::Result<Vec<DeadLetters>>
             topic: dead_letter_topic,
             count: records.len(),
             reasons,
-            newest: records
-                .iter()
-                .filter_map(|r| r.timestamp().to_millis())
-                .max()
-                .and_then(|ms| {
-                    OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok()
-                }),
+            newest: records.iter().map(story::timestamp).max(),
         });
     }
     Ok(summaries)

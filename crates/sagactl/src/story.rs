@@ -119,7 +119,7 @@ pub struct Story {
 }
 
 /// Who consumes each topic, and the event types each of them acts on.
-fn consumers(topics: &Topics) -> Vec<(String, &'static str, &'static [&'static str])> {
+pub(crate) fn consumers(topics: &Topics) -> Vec<(String, &'static str, &'static [&'static str])> {
     vec![
         (
             topics.orders.clone(),
@@ -151,7 +151,6 @@ async fn connect(url: &str) -> anyhow::Result<Client> {
 
 /// The databases the story reads, one client each.
 pub struct Databases {
-    orders: Client,
     by_service: Vec<(&'static str, Client)>,
     provider: Client,
 }
@@ -159,7 +158,6 @@ pub struct Databases {
 impl Databases {
     pub async fn connect(sources: &Sources) -> anyhow::Result<Self> {
         Ok(Self {
-            orders: connect(&sources.orders_database_url).await?,
             by_service: vec![
                 (
                     "order-service",
@@ -188,7 +186,7 @@ impl Databases {
     }
 
     pub fn orders(&self) -> &Client {
-        &self.orders
+        self.of("order-service")
     }
 }
 
@@ -198,7 +196,7 @@ pub async fn records(brokers: &str, topic: &str) -> anyhow::Result<Vec<OwnedMess
     tokio::task::spawn_blocking(move || saga::kafka::read_topic(&brokers, &topic)).await?
 }
 
-fn timestamp(message: &OwnedMessage) -> OffsetDateTime {
+pub(crate) fn timestamp(message: &OwnedMessage) -> OffsetDateTime {
     message
         .timestamp()
         .to_millis()
@@ -217,7 +215,7 @@ pub async fn tell(
     order_id: Uuid,
 ) -> anyhow::Result<Option<Story>> {
     let Some(row) = databases
-        .orders
+        .orders()
         .query_opt(
             "SELECT id, status, customer_id, amount_cents, cancel_reason, created_at, updated_at
                FROM orders WHERE id = $1",

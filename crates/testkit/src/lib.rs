@@ -16,10 +16,8 @@ use deadpool_postgres::Pool;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 use saga::Topics;
 use uuid::Uuid;
 
@@ -280,37 +278,15 @@ impl TestKafka {
 impl TestKafka {
     /// The offset `group` has committed on one partition of `topic` (0 when none).
     pub async fn committed_offset(&self, group: &str, topic: &str, partition: i32) -> i64 {
-        let brokers = self.brokers.clone();
-        let group = group.to_owned();
-        let topic = topic.to_owned();
-        tokio::task::spawn_blocking(move || {
-            let consumer = group_reader(&brokers, &group);
-            let mut wanted = TopicPartitionList::new();
-            wanted.add_partition(&topic, partition);
-            let committed = consumer
-                .committed_offsets(wanted, Duration::from_secs(10))
-                .expect("the group coordinator answers");
-            match committed
-                .find_partition(&topic, partition)
-                .map(|e| e.offset())
-            {
-                Some(Offset::Offset(offset)) => offset,
-                _ => 0,
-            }
+        let (brokers, group, topic) = (self.brokers.clone(), group.to_owned(), topic.to_owned());
+        let offsets = tokio::task::spawn_blocking(move || {
+            saga::kafka::committed_and_end(&brokers, &group, &topic)
         })
         .await
         .unwrap()
+        .expect("the group coordinator answers");
+        offsets.get(&partition).map_or(0, |(done, _)| *done)
     }
-}
-
-/// A consumer that only reads `group`'s committed offsets: it never joins the group.
-fn group_reader(brokers: &str, group: &str) -> BaseConsumer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap()
 }
 
 /// Polls `check` until it returns `Some`, or fails the test naming `what` after
