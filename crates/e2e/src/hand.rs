@@ -32,7 +32,21 @@ impl HandProducer {
         key: Option<&str>,
         value: &[u8],
     ) -> (i32, i64) {
-        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).payload(value);
+        self.send_value(topic, partition, key, Some(value)).await
+    }
+
+    /// [`send`](Self::send), where `None` is a tombstone: a record with a null value.
+    pub async fn send_value(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&str>,
+        value: Option<&[u8]>,
+    ) -> (i32, i64) {
+        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
         if let Some(key) = key {
             record = record.key(key);
         }

@@ -9,10 +9,21 @@
 //! {"id":"…","type":"payment.succeeded","aggregate_id":"<order id>",
 //!  "payload":{"order_id":"…","amount_cents":2598},"occurred_at":"2026-07-14T09:15:40Z"}
 //! ```
+//!
+//! It also refuses, at once and with the reason, what would parse here and fail later in
+//! PostgreSQL, where a failure looks like a surprise worth retrying: an `id`, `type` or
+//! `aggregate_id` longer than [`MAX_TEXT_BYTES`] (an id must fit the inbox's index), and a
+//! NUL character in any string or key (PostgreSQL's `text` and `jsonb` cannot hold one).
+//! JSON nested deeper than serde_json's limit (128) is not JSON to it.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+
+/// The longest `id`, `type` and `aggregate_id` accepted, in bytes. The saga's own ids are
+/// at most a UUID and two suffixes (`<uuid>:payment:notification`, 57 bytes); PostgreSQL's
+/// btree, which the inbox's primary key is, refuses an entry of more than about 2.7 kB.
+pub const MAX_TEXT_BYTES: usize = 256;
 
 /// One event on the wire.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,12 +74,18 @@ impl Delivery {
 pub enum EnvelopeError {
     #[error("record has no value")]
     Empty,
+    #[error("record is a tombstone (a key with a null value); events are never deleted by key")]
+    Tombstone,
     #[error("record value is not UTF-8 JSON: {0}")]
     NotJson(String),
     #[error("envelope field `{path}`: {message}")]
     Field { path: String, message: String },
     #[error("envelope field `{0}` must not be empty")]
     EmptyField(&'static str),
+    #[error("envelope field `{field}` is {bytes} bytes long; the most is {MAX_TEXT_BYTES}")]
+    TooLong { field: &'static str, bytes: usize },
+    #[error("`{path}` contains a NUL character (\\u0000), which PostgreSQL cannot store")]
+    Nul { path: String },
     #[error("aggregate_id `{aggregate_id}` does not match payload order_id `{order_id}`")]
     AggregateMismatch {
         aggregate_id: String,
@@ -85,7 +102,8 @@ pub enum EnvelopeError {
 impl Envelope {
     /// Parses `message`'s value, and notes where it was read.
     pub fn from_message<M: rdkafka::Message>(message: &M) -> Result<Self, EnvelopeError> {
-        let mut envelope = Self::from_slice(message.payload().unwrap_or_default())?;
+        let value = message.payload().ok_or(EnvelopeError::Tombstone)?;
+        let mut envelope = Self::from_slice(value)?;
         envelope.delivery = Delivery::of(message);
         Ok(envelope)
     }
@@ -98,6 +116,7 @@ impl Envelope {
         // Syntax errors first, so "not JSON" is told apart from "JSON of the wrong shape".
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| EnvelopeError::NotJson(e.to_string()))?;
+        find_nul(&value, &mut String::from("(root)"))?;
         let envelope: Envelope = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             let message = e.into_inner().to_string();
@@ -112,6 +131,18 @@ impl Envelope {
         }
         if envelope.event_type.trim().is_empty() {
             return Err(EnvelopeError::EmptyField("type"));
+        }
+        for (field, text) in [
+            ("id", &envelope.id),
+            ("type", &envelope.event_type),
+            ("aggregate_id", &envelope.aggregate_id),
+        ] {
+            if text.len() > MAX_TEXT_BYTES {
+                return Err(EnvelopeError::TooLong {
+                    field,
+                    bytes: text.len(),
+                });
+            }
         }
         if !envelope.payload.is_object() {
             return Err(EnvelopeError::Field {
@@ -148,6 +179,37 @@ impl Envelope {
 
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("an envelope always serialises")
+    }
+}
+
+/// The first string or key holding a NUL, as a path like `payload.items[0].sku`.
+fn find_nul(value: &serde_json::Value, path: &mut String) -> Result<(), EnvelopeError> {
+    use serde_json::Value;
+    let found = |path: &str| EnvelopeError::Nul {
+        path: path.strip_prefix("(root).").unwrap_or(path).to_owned(),
+    };
+    match value {
+        Value::String(text) if text.contains('\0') => Err(found(path)),
+        Value::Array(items) => items.iter().enumerate().try_for_each(|(i, item)| {
+            let len = path.len();
+            path.push_str(&format!("[{i}]"));
+            find_nul(item, path)?;
+            path.truncate(len);
+            Ok(())
+        }),
+        Value::Object(fields) => fields.iter().try_for_each(|(key, item)| {
+            let len = path.len();
+            path.push('.');
+            if key.contains('\0') {
+                path.push_str(&key.replace('\0', "\\u0000"));
+                return Err(found(path));
+            }
+            path.push_str(key);
+            find_nul(item, path)?;
+            path.truncate(len);
+            Ok(())
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -209,6 +271,64 @@ mod tests {
             Envelope::from_slice(raw.as_bytes()).unwrap_err(),
             EnvelopeError::EmptyField("id")
         );
+    }
+
+    #[test]
+    fn an_id_too_long_for_the_inbox_is_refused_with_its_length() {
+        let raw = TYPED_BY_HAND.replace("o-1:payment", &"x".repeat(10_000));
+        assert_eq!(
+            Envelope::from_slice(raw.as_bytes()).unwrap_err(),
+            EnvelopeError::TooLong {
+                field: "id",
+                bytes: 10_000
+            }
+        );
+        let longest = TYPED_BY_HAND.replace("o-1:payment", &"x".repeat(MAX_TEXT_BYTES));
+        assert!(Envelope::from_slice(longest.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn a_nul_anywhere_is_refused_with_where_it_is() {
+        for (raw, path) in [
+            (TYPED_BY_HAND.replace("o-1:payment", "o-1\\u0000"), "id"),
+            (
+                TYPED_BY_HAND.replace("\"amount_cents\":2598", "\"x\":[1,\"a\\u0000\"]"),
+                "payload.x[1]",
+            ),
+            (
+                TYPED_BY_HAND.replace("\"amount_cents\"", "\"amount\\u0000cents\""),
+                "payload.amount\\u0000cents",
+            ),
+        ] {
+            assert_eq!(
+                Envelope::from_slice(raw.as_bytes()).unwrap_err(),
+                EnvelopeError::Nul { path: path.into() },
+                "{raw}"
+            );
+        }
+    }
+
+    #[test]
+    fn json_nested_past_the_parser_limit_is_not_json() {
+        let raw = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let err = Envelope::from_slice(raw.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("recursion limit"), "{err}");
+    }
+
+    #[test]
+    fn invalid_utf8_is_not_json() {
+        let mut raw = TYPED_BY_HAND.as_bytes().to_vec();
+        raw[10] = 0xff;
+        let err = Envelope::from_slice(&raw).unwrap_err();
+        assert!(matches!(err, EnvelopeError::NotJson(_)), "{err:?}");
+    }
+
+    #[test]
+    fn an_amount_past_i64_is_named() {
+        let raw = TYPED_BY_HAND.replace("2598", "99999999999999999999");
+        let envelope = Envelope::from_slice(raw.as_bytes()).unwrap();
+        let err = envelope.payload::<PaymentResult>().unwrap_err();
+        assert!(err.to_string().contains("amount_cents"), "{err}");
     }
 
     #[test]
