@@ -129,7 +129,14 @@ fn validate(request: &PlaceOrder) -> Result<Vec<NewLine>, ApiError> {
     if customer_id.is_empty() {
         return Err(ApiError::field("customer_id", "must not be empty"));
     }
-    if customer_id.len() > 200 {
+    // PostgreSQL's text holds no NUL, and no other control character belongs in an id.
+    if customer_id.chars().any(char::is_control) {
+        return Err(ApiError::field(
+            "customer_id",
+            "must not contain control characters",
+        ));
+    }
+    if customer_id.chars().count() > 200 {
         return Err(ApiError::field(
             "customer_id",
             "must be at most 200 characters",

@@ -64,6 +64,8 @@ async fn bad_input_is_refused_with_a_json_error_naming_the_problem() {
         ("missing customer_id", json!({ "items": [] }).to_string(), 422, "invalid_field", Some("customer_id")),
         ("missing items", json!({ "customer_id": "c" }).to_string(), 422, "invalid_field", Some("items")),
         ("empty customer_id", json!({ "customer_id": " ", "items": [] }).to_string(), 422, "invalid_field", Some("customer_id")),
+        ("customer_id with a NUL", json!({ "customer_id": "c\u{0}", "items": [] }).to_string(), 422, "invalid_field", Some("customer_id")),
+        ("customer_id too long", json!({ "customer_id": "c".repeat(201), "items": [] }).to_string(), 422, "invalid_field", Some("customer_id")),
         ("no items", json!({ "customer_id": "c", "items": [] }).to_string(), 422, "invalid_field", Some("items")),
         ("quantity 0", order(0).to_string(), 422, "invalid_field", Some("items[0].quantity")),
         ("negative quantity", order(-3).to_string(), 422, "invalid_field", Some("items[0].quantity")),
