@@ -54,11 +54,11 @@ pub fn migrations() -> refinery::Runner {
 pub const HISTORY_TABLE: &str = "provider_schema_history";
 
 /// payment-provider: a stand-in card processor.
-#[derive(Debug, Clone, Parser)]
+#[derive(Clone, Parser)]
 #[command(version, about)]
 pub struct Config {
-    /// PostgreSQL URL of the provider's own database.
-    #[arg(long, env = "DATABASE_URL")]
+    /// PostgreSQL URL of the provider's own database, as the provider's own role.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 
     /// Connections for the HTTP handlers.

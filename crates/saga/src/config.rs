@@ -9,10 +9,11 @@ use clap::builder::TypedValueParser as _;
 
 use crate::retention::{Pace, Pruner, Target, Window};
 
-#[derive(Debug, Clone, Args)]
+#[derive(Clone, Args)]
 pub struct DatabaseConfig {
-    /// PostgreSQL URL of this service's own database.
-    #[arg(long, env = "DATABASE_URL")]
+    /// PostgreSQL URL of this service's own database, as the service's own role.
+    // Its password must not show in `--help`, which prints the variables' values.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 
     /// Connections for the HTTP handlers.
@@ -25,6 +26,17 @@ pub struct DatabaseConfig {
     #[arg(long, env = "CONSUMER_POOL_SIZE", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub consumer_pool_size: usize,
+}
+
+/// By hand, so that no debug print of a service's settings shows the password.
+impl std::fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("database_url", &crate::db::redacted(&self.database_url))
+            .field("database_pool_size", &self.database_pool_size)
+            .field("consumer_pool_size", &self.consumer_pool_size)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Args)]

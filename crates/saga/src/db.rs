@@ -22,12 +22,36 @@ pub enum DbError {
     Url(tokio_postgres::Error),
     #[error("cannot build the connection pool: {0}")]
     Pool(#[from] deadpool_postgres::BuildError),
-    #[error("cannot connect to PostgreSQL: {0}")]
+    #[error("cannot connect to PostgreSQL: {}", describe(.0))]
     Connect(tokio_postgres::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] refinery::Error),
-    #[error(transparent)]
+    #[error("{}", describe(.0))]
     Query(#[from] tokio_postgres::Error),
+}
+
+/// The server's own message and SQLSTATE, or the I/O cause: tokio-postgres's `Display`
+/// says only "db error", which tells an operator reading a log or a dead letter nothing.
+pub fn describe(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        return format!("{db} (SQLSTATE {})", db.code().code());
+    }
+    match std::error::Error::source(error) {
+        Some(cause) => format!("{error}: {cause}"),
+        None => error.to_string(),
+    }
+}
+
+/// `url` with its password cut out (`postgres://user@host/db`), fit for a log line or an
+/// error message.
+pub fn redacted(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, rest)), Some((_, host))) => {
+            let user = rest.split([':', '@']).next().unwrap_or_default();
+            format!("{scheme}://{user}@{host}")
+        }
+        _ => url.to_owned(),
+    }
 }
 
 pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
@@ -117,7 +141,9 @@ async fn migrate_sets(database_url: &str, sets: &[MigrationSet<'_>]) -> Result<(
 }
 
 /// Runs `migrate` until the database can be reached, waiting with backoff rather than
-/// crash-looping while it starts; any other error is returned at once.
+/// crash-looping while it starts; any other error is returned at once. A server that
+/// answers and refuses (a wrong password, no such database, no CONNECT privilege) is a
+/// setting to fix, not an outage to wait out: returned at once too.
 pub async fn migrate_when_reachable<F, Fut>(migrate: F) -> Result<(), DbError>
 where
     F: Fn() -> Fut,
@@ -126,12 +152,30 @@ where
     let mut delays = crate::backoff::backoff();
     loop {
         match migrate().await {
-            Err(DbError::Connect(error)) => {
+            Err(DbError::Connect(error))
+                if crate::handler::classify_postgres(&error) == crate::Retry::UntilItWorks =>
+            {
                 let delay = crate::backoff::next_delay(&mut delays);
+                let error = describe(&error);
                 tracing::warn!(%error, retry_in = ?delay, "database not reachable yet");
                 tokio::time::sleep(delay).await;
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_redacted_url_keeps_everything_but_the_password() {
+        assert_eq!(
+            super::redacted("postgres://order_service:s3cr@t@db:5432/orders"),
+            "postgres://order_service@db:5432/orders"
+        );
+        assert_eq!(
+            super::redacted("postgres://db:5432/orders"),
+            "postgres://db:5432/orders"
+        );
     }
 }

@@ -48,7 +48,7 @@ pub enum HandlerError {
     /// payload that does not decode, an order that does not exist.
     #[error("{0}")]
     Rejected(String),
-    #[error("database: {}", describe(.0))]
+    #[error("database: {}", crate::db::describe(.0))]
     Database(#[from] tokio_postgres::Error),
     #[error("database pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
@@ -108,18 +108,6 @@ impl HandlerError {
             HandlerError::Pool(_) | HandlerError::Unavailable(_) => Retry::UntilItWorks,
             HandlerError::Database(error) => classify_postgres(error),
         }
-    }
-}
-
-/// The server's own message and SQLSTATE, or the I/O cause: tokio-postgres's `Display`
-/// says only "db error", which tells an operator reading a dead letter nothing.
-fn describe(error: &tokio_postgres::Error) -> String {
-    if let Some(db) = error.as_db_error() {
-        return format!("{db} (SQLSTATE {})", db.code().code());
-    }
-    match std::error::Error::source(error) {
-        Some(cause) => format!("{error}: {cause}"),
-        None => error.to_string(),
     }
 }
 

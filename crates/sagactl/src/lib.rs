@@ -21,31 +21,36 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 /// Where the saga keeps what sagactl reads: the four databases and the broker. The
-/// defaults are those of `scripts/up` and of the compose stack's published ports.
+/// defaults are those of `scripts/up` and of the compose stack's published ports, and
+/// log in as each database's read-only role (`<database>_reader`), never a service's.
 #[derive(Debug, Clone, Args)]
 pub struct Sources {
     #[arg(
         long,
         env = "ORDERS_DATABASE_URL",
-        default_value = "postgres://saga:saga@127.0.0.1:5432/orders"
+        hide_env_values = true,
+        default_value = "postgres://orders_reader:orders_reader-pw@127.0.0.1:5432/orders"
     )]
     pub orders_database_url: String,
     #[arg(
         long,
         env = "PAYMENTS_DATABASE_URL",
-        default_value = "postgres://saga:saga@127.0.0.1:5432/payments"
+        hide_env_values = true,
+        default_value = "postgres://payments_reader:payments_reader-pw@127.0.0.1:5432/payments"
     )]
     pub payments_database_url: String,
     #[arg(
         long,
         env = "NOTIFICATIONS_DATABASE_URL",
-        default_value = "postgres://saga:saga@127.0.0.1:5432/notifications"
+        hide_env_values = true,
+        default_value = "postgres://notifications_reader:notifications_reader-pw@127.0.0.1:5432/notifications"
     )]
     pub notifications_database_url: String,
     #[arg(
         long,
         env = "PROVIDER_DATABASE_URL",
-        default_value = "postgres://saga:saga@127.0.0.1:5432/provider"
+        hide_env_values = true,
+        default_value = "postgres://provider_reader:provider_reader-pw@127.0.0.1:5432/provider"
     )]
     pub provider_database_url: String,
     /// Kafka bootstrap servers, comma separated.
@@ -63,17 +68,6 @@ pub fn clock(at: OffsetDateTime) -> String {
         "[hour]:[minute]:[second].[subsecond digits:3]"
     ))
     .unwrap_or_default()
-}
-
-/// `postgres://user@host/db`: a URL fit for an error message.
-pub fn without_password(url: &str) -> String {
-    match (url.split_once("://"), url.rsplit_once('@')) {
-        (Some((scheme, rest)), Some((_, host))) => {
-            let user = rest.split([':', '@']).next().unwrap_or_default();
-            format!("{scheme}://{user}@{host}")
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// An order that has not settled, for `sagactl orders`.

@@ -142,7 +142,7 @@ pub(crate) fn consumers(topics: &Topics) -> Vec<(String, &'static str, &'static 
 async fn connect(url: &str) -> anyhow::Result<Client> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
-        .with_context(|| format!("cannot connect to {}", crate::without_password(url)))?;
+        .with_context(|| format!("cannot connect to {}", saga::db::redacted(url)))?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
