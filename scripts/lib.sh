@@ -31,9 +31,16 @@ PROMETHEUS_PORT=9090
 
 PG_HOST="${PG_HOST:-127.0.0.1}"
 PG_PORT="${PG_PORT:-5432}"
+# The administrator: what these scripts, the walkthrough's psql and the tests log
+# in as. It may create databases (each test makes its own) and is a member of every
+# service's role, so it can make a database for a service and read and change its
+# tables; no service ever logs in as it.
 PG_USER=saga
-PG_PASSWORD=saga
+PG_PASSWORD="${PG_PASSWORD:-saga}"
 PG_DATABASES=(orders payments notifications provider)
+# The demo's passwords for the services' roles (service_role) and the databases'
+# read-only roles (reader_role): PG_PASSWORD_<ROLE IN CAPITALS> overrides each,
+# e.g. PG_PASSWORD_ORDER_SERVICE; the default is the role's name and "-pw".
 
 # Every topic the services use, with the dead-letter topic of each consumer
 # (named <source topic>.<consuming service>.dlq). The broker refuses to
@@ -197,8 +204,38 @@ service_port() {
   esac
 }
 
+# The role SERVICE logs in as: it owns the service's database and nothing else (no
+# superuser, no CREATEDB, no CONNECT on any other service's database).
+service_role() {
+  case "$1" in
+    order-service) echo order_service ;;
+    payment-service) echo payment_service ;;
+    notification-service) echo notification_service ;;
+    payment-provider) echo payment_provider ;;
+    *) die "no service $1" ;;
+  esac
+}
+
+# The read-only role of DATABASE (sagactl's): it may connect to that database alone.
+reader_role() {
+  echo "${1}_reader"
+}
+
+role_password() {
+  local var="PG_PASSWORD_${1^^}"
+  printf '%s' "${!var:-$1-pw}"
+}
+
+# pg_url DATABASE [ROLE]: the administrator's URL, or ROLE's.
 pg_url() {
-  printf 'postgres://%s:%s@%s:%s/%s' "$PG_USER" "$PG_PASSWORD" "$PG_HOST" "$PG_PORT" "$1"
+  local user="${2:-$PG_USER}" password="$PG_PASSWORD"
+  [[ -z "${2:-}" ]] || password="$(role_password "$2")"
+  printf 'postgres://%s:%s@%s:%s/%s' "$user" "$password" "$PG_HOST" "$PG_PORT" "$1"
+}
+
+# What SERVICE is started with: its own role on its own database.
+service_url() {
+  pg_url "$(service_database "$1")" "$(service_role "$1")"
 }
 
 service_healthy() {

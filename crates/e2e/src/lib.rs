@@ -65,6 +65,34 @@ pub struct Stack {
     http: reqwest::Client,
 }
 
+/// The role `service` logs in as, owner of its database alone (`service_role` in
+/// `scripts/lib.sh`).
+pub fn role(service: &str) -> String {
+    service.replace('-', "_")
+}
+
+/// The read-only role of `database` (`reader_role` in `scripts/lib.sh`).
+pub fn reader(database: &str) -> String {
+    format!("{database}_reader")
+}
+
+/// What `service`'s database is called outside the tests (`service_database` in
+/// `scripts/lib.sh`).
+pub fn database_name(service: &str) -> &'static str {
+    match service {
+        ORDER_SERVICE => "orders",
+        PAYMENT_SERVICE => "payments",
+        NOTIFICATION_SERVICE => "notifications",
+        PAYMENT_PROVIDER => "provider",
+        other => panic!("no service {other}"),
+    }
+}
+
+/// A test database set up as `service`'s own is.
+async fn own_database(service: &str) -> TestDatabase {
+    TestDatabase::owned_by(&role(service), &reader(database_name(service))).await
+}
+
 /// A window of seconds for the inbox, and the topics' `retention.ms` to match (so the
 /// services' start-up check passes): the pruner empties the inboxes as the saga runs.
 pub const PRUNING_INBOX: [(&str, &str); 2] = [
@@ -101,10 +129,10 @@ impl Stack {
     async fn start_configured(failpoints: &[(&'static str, String)], env: &[(&str, &str)]) -> Self {
         let (kafka, orders_db, payments_db, notifications_db, provider_db) = tokio::join!(
             TestKafka::new(),
-            TestDatabase::empty(),
-            TestDatabase::empty(),
-            TestDatabase::empty(),
-            TestDatabase::empty()
+            own_database(ORDER_SERVICE),
+            own_database(PAYMENT_SERVICE),
+            own_database(NOTIFICATION_SERVICE),
+            own_database(PAYMENT_PROVIDER)
         );
         let mut stack = Self {
             kafka,
@@ -162,7 +190,7 @@ impl Stack {
         instance: &str,
         failpoints: Option<&str>,
     ) -> Option<ExitStatus> {
-        let database_url = self.database(service).url.clone();
+        let database_url = self.database(service).url_as(&role(service));
         let port = *self
             .ports
             .entry(instance.to_owned())
@@ -300,6 +328,13 @@ impl Stack {
             PAYMENT_PROVIDER => &self.provider_db,
             other => panic!("no service {other}"),
         }
+    }
+
+    /// `service`'s database as its read-only role (`<database>_reader`), which sagactl
+    /// logs in as.
+    pub fn reader_url(&self, service: &str) -> String {
+        self.database(service)
+            .url_as(&reader(database_name(service)))
     }
 
     /// The provider's base URL.
@@ -499,7 +534,7 @@ pub fn describe_exit(status: ExitStatus) -> String {
 }
 
 /// The service binary next to this test's own target folder.
-fn binary(service: &str) -> PathBuf {
+pub fn binary(service: &str) -> PathBuf {
     let test_exe = std::env::current_exe().expect("the test binary's path");
     // target/<profile>/deps/<test> -> target/<profile>/<service>
     let path = test_exe

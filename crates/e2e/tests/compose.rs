@@ -16,6 +16,7 @@ use saphyr::{LoadableYamlNode, Scalar, YamlOwned};
 const DOCKERFILE: &str = "deploy/Dockerfile";
 const POSTGRES_INIT_FOLDER: &str = "deploy/postgres";
 const POSTGRES_INIT_MOUNT: &str = "/docker-entrypoint-initdb.d";
+const SERVICE_DATABASE_SQL: &str = "service-database.psql";
 const PROMETHEUS_CONFIG: &str = "deploy/prometheus/prometheus.yml";
 const DASHBOARDS: &str = "deploy/grafana/dashboards";
 
@@ -153,7 +154,7 @@ fn kafka_init_and_every_service_reach_the_broker_on_its_internal_listener() {
 }
 
 #[test]
-fn the_databases_postgres_creates_are_those_of_the_native_scripts_and_the_services() {
+fn postgres_makes_each_service_its_own_role_and_database_as_the_native_scripts_do() {
     let compose = Compose::load();
     let postgres = compose.service("postgres");
     let mounted = strings(postgres.at(&["volumes"])).iter().any(|volume| {
@@ -164,14 +165,43 @@ fn the_databases_postgres_creates_are_those_of_the_native_scripts_and_the_servic
         "postgres does not mount ./{POSTGRES_INIT_FOLDER} on {POSTGRES_INIT_MOUNT}"
     );
 
-    let mut created = created_databases();
+    // The same SQL as natively: scripts/infra-up feeds it to psql too.
+    let init = read(&root().join(POSTGRES_INIT_FOLDER).join("init-databases.sh"));
+    assert!(
+        init.contains(&format!("-f {POSTGRES_INIT_MOUNT}/{SERVICE_DATABASE_SQL}")),
+        "init-databases.sh does not run {SERVICE_DATABASE_SQL}"
+    );
+    assert!(
+        read(&root().join("scripts/infra-up")).contains(&format!(
+            "$ROOT/{POSTGRES_INIT_FOLDER}/{SERVICE_DATABASE_SQL}"
+        )),
+        "scripts/infra-up does not run {POSTGRES_INIT_FOLDER}/{SERVICE_DATABASE_SQL}"
+    );
+
+    let lib = LibSh::load();
+    let mut created = created_databases(&init);
     created.sort();
-    let mut native = LibSh::load().array("PG_DATABASES");
+    let mut native: Vec<(String, String)> = lib
+        .array("SERVICES")
+        .iter()
+        .map(|service| {
+            (
+                lib.case("service_role", service),
+                lib.case("service_database", service),
+            )
+        })
+        .collect();
     native.sort();
     assert_eq!(
         created, native,
-        "databases created by {POSTGRES_INIT_FOLDER} vs PG_DATABASES in scripts/lib.sh"
+        "(role, database) made by init-databases.sh vs service_role and service_database \
+         in scripts/lib.sh"
     );
+    let mut databases: Vec<String> = created.iter().map(|(_, db)| db.clone()).collect();
+    let mut listed = lib.array("PG_DATABASES");
+    databases.sort();
+    listed.sort();
+    assert_eq!(databases, listed, "init-databases.sh vs PG_DATABASES");
 
     let mut used: Vec<String> = compose
         .built_services()
@@ -179,42 +209,75 @@ fn the_databases_postgres_creates_are_those_of_the_native_scripts_and_the_servic
         .collect();
     used.sort();
     assert_eq!(
-        created, used,
-        "databases created by {POSTGRES_INIT_FOLDER} vs those in the services' DATABASE_URL"
+        databases, used,
+        "databases created by init-databases.sh vs those in the services' DATABASE_URL"
     );
 }
 
 #[test]
-fn each_service_uses_the_database_and_role_of_the_native_scripts() {
+fn each_service_logs_in_as_its_own_role_with_the_native_setups_password() {
     let compose = Compose::load();
     let lib = LibSh::load();
     let postgres = environment(compose.service("postgres"));
-    let user = env_var(&postgres, "postgres", "POSTGRES_USER");
-    let password = env_var(&postgres, "postgres", "POSTGRES_PASSWORD");
-    assert_eq!(user, lib.scalar("PG_USER"), "POSTGRES_USER vs PG_USER");
     assert_eq!(
-        password,
+        env_var(&postgres, "postgres", "POSTGRES_USER"),
+        lib.scalar("PG_USER"),
+        "POSTGRES_USER (the administrator) vs PG_USER"
+    );
+    assert_eq!(
+        env_var(&postgres, "postgres", "POSTGRES_PASSWORD"),
         lib.scalar("PG_PASSWORD"),
         "POSTGRES_PASSWORD vs PG_PASSWORD"
     );
 
+    let mut roles = Vec::new();
     for (name, service) in compose.built_services() {
         let url = database_url(service, name);
+        let role = lib.case("service_role", name);
         assert_eq!(
             url.database,
             lib.case("service_database", name),
             "{name}: DATABASE_URL's database vs service_database in scripts/lib.sh"
         );
         assert_eq!(
-            (url.user.as_str(), url.password.as_str()),
-            (user.as_str(), password.as_str()),
-            "{name}: DATABASE_URL logs in as another role than postgres creates"
+            url.user, role,
+            "{name}: DATABASE_URL logs in as another role than service_role in scripts/lib.sh"
         );
         assert_eq!(
             url.host_port, "postgres:5432",
             "{name}: DATABASE_URL does not point at the postgres container"
         );
+        assert_eq!(
+            url.password,
+            password_setting(&role),
+            "{name}: DATABASE_URL's password is not its role's setting"
+        );
+        roles.push(role);
     }
+    // postgres is given every role's password, readers' included, under the same setting.
+    roles.extend(
+        lib.array("PG_DATABASES")
+            .iter()
+            .map(|db| format!("{db}_reader")),
+    );
+    for role in roles {
+        let variable = format!("PG_PASSWORD_{}", role.to_uppercase());
+        assert_eq!(
+            env_var(&postgres, "postgres", &variable),
+            password_setting(&role),
+            "postgres: {variable}"
+        );
+    }
+}
+
+/// `${PG_PASSWORD_<ROLE>:-<the native default>}`: overridable as natively, the same
+/// password when not.
+fn password_setting(role: &str) -> String {
+    format!(
+        "${{PG_PASSWORD_{}:-{}}}",
+        role.to_uppercase(),
+        saga_testkit::role_password(role)
+    )
 }
 
 #[test]
@@ -721,24 +784,17 @@ fn database_url(service: &YamlOwned, name: &str) -> DatabaseUrl {
     }
 }
 
-/// The databases that the postgres image's init scripts create.
-fn created_databases() -> Vec<String> {
-    static CREATE: LazyLock<Regex> =
-        LazyLock::new(|| Regex::new(r"(?im)^\s*CREATE DATABASE\s+(\w+)").unwrap());
-    let folder = root().join(POSTGRES_INIT_FOLDER);
-    let mut databases = Vec::new();
-    for entry in std::fs::read_dir(&folder).unwrap_or_else(|e| panic!("{}: {e}", folder.display()))
-    {
-        let path = entry.unwrap().path();
-        assert_eq!(
-            path.extension().and_then(|e| e.to_str()),
-            Some("sql"),
-            "{}: only .sql init scripts are understood here",
-            path.display()
-        );
-        databases.extend(CREATE.captures_iter(&read(&path)).map(|c| c[1].to_owned()));
-    }
-    databases
+/// The (role, database) pairs init-databases.sh makes: `for pair in role:database ...; do`.
+fn created_databases(init: &str) -> Vec<(String, String)> {
+    static PAIR: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\b(\w+):(\w+)\b").unwrap());
+    let list = init
+        .split_once("for pair in ")
+        .and_then(|(_, rest)| rest.split_once("; do"))
+        .map(|(list, _)| list)
+        .expect("init-databases.sh: `for pair in role:database ...; do`");
+    PAIR.captures_iter(list)
+        .map(|c| (c[1].to_owned(), c[2].to_owned()))
+        .collect()
 }
 
 // ------------------------------------------------------------------ scripts/lib.sh
@@ -828,10 +884,10 @@ impl LibSh {
 // ----------------------------------------------------------------------- binaries
 
 /// Every environment variable `binary` reads: its settings, as its `--help` lists them
-/// (clap prints `[env: NAME=]`), and those the logging setup reads itself.
+/// (clap prints `[env: NAME=]`, or `[env: NAME]` where it hides the value), and those the logging setup reads itself.
 fn variables_read_by(binary: &str) -> BTreeSet<String> {
     static ENV: LazyLock<Regex> =
-        LazyLock::new(|| Regex::new(r"\[env: ([A-Z][A-Z0-9_]*)=").unwrap());
+        LazyLock::new(|| Regex::new(r"\[env: ([A-Z][A-Z0-9_]*)[=\]]").unwrap());
     let help = help(binary);
     let mut read: BTreeSet<String> = ENV.captures_iter(&help).map(|c| c[1].to_owned()).collect();
     assert!(

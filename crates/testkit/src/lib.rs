@@ -6,8 +6,10 @@
 //! each other. Waiting is always for a condition ([`eventually`]), never for a time.
 //!
 //! Settings, with their defaults: `SAGA_TEST_POSTGRES_URL`
-//! (`postgres://saga:saga@127.0.0.1:5432/postgres`, a role that may create databases),
-//! `KAFKA_BROKERS` (`127.0.0.1:9092`).
+//! (`postgres://saga:saga@127.0.0.1:5432/postgres`, a role that may create databases and
+//! is a member of the services' roles), `KAFKA_BROKERS` (`127.0.0.1:9092`), and the
+//! services' and readers' passwords `PG_PASSWORD_<ROLE>` (`<role>-pw`), as
+//! `scripts/infra-up` sets them.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -37,27 +39,61 @@ pub fn kafka_brokers() -> String {
     std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
+/// A role `scripts/infra-up` made (a service's, or a database's read-only one) and its
+/// password, from the same variable as there.
+pub fn role_password(role: &str) -> String {
+    std::env::var(format!("PG_PASSWORD_{}", role.to_uppercase()))
+        .unwrap_or_else(|_| format!("{role}-pw"))
+}
+
 /// A database of its own for one test.
 pub struct TestDatabase {
     pub name: String,
+    /// The administrator's URL; [`url_as`](Self::url_as) gives another role's.
     pub url: String,
+    /// The administrator's pool.
     pub pool: Pool,
 }
 
 impl TestDatabase {
     /// An empty database: for services that migrate it themselves on start.
     pub async fn empty() -> Self {
+        Self::create("").await
+    }
+
+    /// An empty database set up as a service's own is (`deploy/postgres/
+    /// service-database.psql`): owned by the service's `role`, and no other role may
+    /// connect but `reader`, the read-only one. The service, started with
+    /// [`url_as`](Self::url_as)`(role)`, migrates it as that role.
+    pub async fn owned_by(role: &str, reader: &str) -> Self {
+        let db = Self::create(&format!(" OWNER {role}")).await;
+        admin()
+            .await
+            .batch_execute(&format!(
+                "REVOKE ALL ON DATABASE {name} FROM PUBLIC; \
+                 GRANT CONNECT ON DATABASE {name} TO {reader}",
+                name = db.name
+            ))
+            .await
+            .expect("the test role may grant on a database of a service's role");
+        db
+    }
+
+    async fn create(owner: &str) -> Self {
         let name = format!("{DATABASE_PREFIX}{}", Uuid::new_v4().simple());
         admin()
             .await
-            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .batch_execute(&format!("CREATE DATABASE {name}{owner}"))
             .await
-            .expect("the test role may create databases");
-        let mut url = postgres_admin_url();
-        let slash = url.rfind('/').expect("the URL names a database");
-        url.replace_range(slash + 1.., &name);
+            .expect("the test role may create databases (for the services' roles)");
+        let url = url_of(&postgres_admin_url(), None, &name);
         let pool = saga::db::pool(&url, 8).unwrap();
         Self { name, url, pool }
+    }
+
+    /// This database's URL as `role`.
+    pub fn url_as(&self, role: &str) -> String {
+        url_of(&self.url, Some((role, &role_password(role))), &self.name)
     }
 
     /// A database with the saga's tables and the service's (`migrations`, the runner of
@@ -164,6 +200,19 @@ impl TestDatabase {
             .unwrap()
             .get(0)
     }
+}
+
+/// `url` naming `database`, and logging in as `login` if given.
+fn url_of(url: &str, login: Option<(&str, &str)>, database: &str) -> String {
+    let mut url = url.to_owned();
+    let slash = url.rfind('/').expect("the URL names a database");
+    url.replace_range(slash + 1.., database);
+    if let Some((role, password)) = login {
+        let start = url.find("://").expect("a URL") + 3;
+        let end = url.rfind('@').expect("the URL has a user");
+        url.replace_range(start..end, &format!("{role}:{password}"));
+    }
+    url
 }
 
 async fn admin() -> tokio_postgres::Client {

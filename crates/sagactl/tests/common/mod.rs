@@ -6,10 +6,10 @@ use sagactl::Sources;
 /// Where `stack` keeps what sagactl reads.
 pub fn sources(stack: &Stack) -> Sources {
     Sources {
-        orders_database_url: stack.database(ORDER_SERVICE).url.clone(),
-        payments_database_url: stack.database(PAYMENT_SERVICE).url.clone(),
-        notifications_database_url: stack.database(NOTIFICATION_SERVICE).url.clone(),
-        provider_database_url: stack.database(PAYMENT_PROVIDER).url.clone(),
+        orders_database_url: stack.reader_url(ORDER_SERVICE),
+        payments_database_url: stack.reader_url(PAYMENT_SERVICE),
+        notifications_database_url: stack.reader_url(NOTIFICATION_SERVICE),
+        provider_database_url: stack.reader_url(PAYMENT_PROVIDER),
         kafka_brokers: stack.kafka.brokers.clone(),
         topics: stack.kafka.topics.clone(),
     }
