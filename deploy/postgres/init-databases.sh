@@ -11,8 +11,8 @@ for pair in order_service:orders payment_service:payments \
   role=${pair%%:*}
   database=${pair#*:}
   reader=${database}_reader
-  password=$(printenv "PG_PASSWORD_$(echo "$role" | tr a-z A-Z)")
-  reader_password=$(printenv "PG_PASSWORD_$(echo "$reader" | tr a-z A-Z)")
+  password=$(printenv "PG_PASSWORD_$(echo "$role" | tr '[:lower:]' '[:upper:]')")
+  reader_password=$(printenv "PG_PASSWORD_$(echo "$reader" | tr '[:lower:]' '[:upper:]')")
   psql -X -q -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname postgres \
     -v role="$role" -v password="$password" -v database="$database" \
     -v reader="$reader" -v reader_password="$reader_password" \
