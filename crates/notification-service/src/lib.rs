@@ -12,7 +12,7 @@ pub mod notify_customer;
 use std::net::SocketAddr;
 
 use clap::Parser;
-use saga::config::{DatabaseConfig, KafkaConfig, RetentionConfig};
+use saga::config::{DatabaseConfig, HttpLimits, KafkaConfig, RetentionConfig};
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +42,8 @@ pub struct Config {
     pub kafka: KafkaConfig,
     #[command(flatten)]
     pub retention: RetentionConfig,
+    #[command(flatten)]
+    pub http: HttpLimits,
     /// Where `/health` listens; port 0 picks a free port.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8082")]
     pub http_addr: SocketAddr,
@@ -58,9 +60,8 @@ impl Application {
             &config.database,
             &config.kafka,
             &config.retention,
-            config.http_addr,
-            migrations,
-            HISTORY_TABLE,
+            (config.http_addr, &config.http),
+            (migrations, HISTORY_TABLE),
         )
         .await?;
         Ok(Self { service })

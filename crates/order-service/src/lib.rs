@@ -14,7 +14,7 @@ pub mod orders;
 use std::net::SocketAddr;
 
 use clap::Parser;
-use saga::config::{DatabaseConfig, IdempotencyConfig, KafkaConfig, RetentionConfig};
+use saga::config::{DatabaseConfig, HttpLimits, IdempotencyConfig, KafkaConfig, RetentionConfig};
 use saga::retention::Target;
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
@@ -47,6 +47,8 @@ pub struct Config {
     pub retention: RetentionConfig,
     #[command(flatten)]
     pub idempotency: IdempotencyConfig,
+    #[command(flatten)]
+    pub http: HttpLimits,
     /// Where the order API and `/health` listen; port 0 picks a free port.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
@@ -64,9 +66,8 @@ impl Application {
             &config.database,
             &config.kafka,
             &config.retention,
-            config.http_addr,
-            migrations,
-            HISTORY_TABLE,
+            (config.http_addr, &config.http),
+            (migrations, HISTORY_TABLE),
         )
         .await?;
         // An expired key is a new request already; the pruner deletes its row.

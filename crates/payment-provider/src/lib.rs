@@ -70,6 +70,9 @@ pub struct Config {
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8083")]
     pub http_addr: SocketAddr,
 
+    #[command(flatten)]
+    pub http: saga::config::HttpLimits,
+
     /// Charges above this amount (in cents) are declined: 402 `card_declined`, "amount
     /// exceeds limit".
     #[arg(long, env = "PAYMENT_LIMIT_CENTS", default_value_t = 100_000)]
@@ -171,6 +174,7 @@ impl Application {
                 .merge(admin(state))
                 .merge(saga::http::health(self.pool.clone()))
                 .merge(saga::metrics::router(None)),
+            &self.config.http,
         )
         .layer(axum::middleware::from_fn(saga::metrics::track_http));
         let pruner = self.config.pruning.pruner(

@@ -13,7 +13,7 @@ pub mod provider;
 use std::net::SocketAddr;
 
 use clap::Parser;
-use saga::config::{DatabaseConfig, KafkaConfig, RetentionConfig};
+use saga::config::{DatabaseConfig, HttpLimits, KafkaConfig, RetentionConfig};
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +44,8 @@ pub struct Config {
     pub kafka: KafkaConfig,
     #[command(flatten)]
     pub retention: RetentionConfig,
+    #[command(flatten)]
+    pub http: HttpLimits,
     /// Where `/health` listens; port 0 picks a free port.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8081")]
     pub http_addr: SocketAddr,
@@ -63,9 +65,8 @@ impl Application {
             &config.database,
             &config.kafka,
             &config.retention,
-            config.http_addr,
-            migrations,
-            HISTORY_TABLE,
+            (config.http_addr, &config.http),
+            (migrations, HISTORY_TABLE),
         )
         .await?;
         let provider = Provider::new(&config.provider)?;

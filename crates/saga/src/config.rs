@@ -28,6 +28,34 @@ pub struct DatabaseConfig {
     pub consumer_pool_size: usize,
 }
 
+/// What a service lets one HTTP request do. The body's size and the headers' have fixed
+/// limits ([`crate::http::BODY_LIMIT`], [`crate::http::HEADER_LIMIT`]).
+#[derive(Debug, Clone, Args)]
+pub struct HttpLimits {
+    /// The longest a request may take, its body's upload included: past it the request
+    /// is cut off with `408 request_timeout`, so a client that sends slowly cannot hold
+    /// a connection and a slot. Longer than any wait a request may have (an
+    /// `Idempotency-Key` in use, a slow provider on purpose).
+    #[arg(long, env = "HTTP_REQUEST_TIMEOUT", default_value = "30s",
+          value_parser = humantime::parse_duration)]
+    pub http_request_timeout: Duration,
+
+    /// Requests in progress at once; one more is refused at once with `503 overloaded`
+    /// and `Retry-After`, rather than queued behind the others.
+    #[arg(long, env = "HTTP_MAX_CONCURRENT_REQUESTS", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub http_max_concurrent_requests: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            http_request_timeout: Duration::from_secs(30),
+            http_max_concurrent_requests: 256,
+        }
+    }
+}
+
 /// By hand, so that no debug print of a service's settings shows the password.
 impl std::fmt::Debug for DatabaseConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -123,7 +123,7 @@ pub async fn migrate_alone(
 }
 
 /// A set's runner and the table that records what it applied.
-type MigrationSet<'a> = (fn() -> refinery::Runner, &'a str);
+pub type MigrationSet<'a> = (fn() -> refinery::Runner, &'a str);
 
 async fn migrate_sets(database_url: &str, sets: &[MigrationSet<'_>]) -> Result<(), DbError> {
     let mut client = connect(&parse_url(database_url)?).await?;

@@ -4,6 +4,7 @@
 
 use axum::Router;
 use axum::body::Body;
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -13,6 +14,11 @@ use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower::{BoxError, ServiceBuilder};
+use tower_http::timeout::TimeoutLayer;
+
+use crate::config::HttpLimits;
 
 /// `GET /health`: 200 when the service can reach its database, 503 otherwise.
 pub fn health(pool: Pool) -> Router {
@@ -73,13 +79,79 @@ pub fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, BodyError> {
 /// Axum's default, stated here so the error can name it.
 pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
 
-/// The body limit and [`json_errors`], for a service's whole router.
-pub fn edge(router: Router) -> Router {
+/// The most header bytes (names and values) a request may carry; more is
+/// `431 request_header_fields_too_large`. Far more than any client of these APIs sends;
+/// hyper's own, larger, limits (100 headers, about 400 KiB) answer before any of this code
+/// runs, with an empty 431.
+pub const HEADER_LIMIT: usize = 16 * 1024;
+
+/// A service's whole router, behind the limits every request meets (outermost first):
+/// `limits.http_max_concurrent_requests` in progress, or `503 overloaded`; headers within
+/// [`HEADER_LIMIT`]; [`json_errors`] over all that follows; a request done within
+/// `limits.http_request_timeout`, or `408`; a body within [`BODY_LIMIT`], or `413`.
+pub fn edge(router: Router, limits: &HttpLimits) -> Router {
     router
         // Set, so that the layers below surely cover a path no route matches.
         .fallback(|| async { StatusCode::NOT_FOUND })
-        .layer(axum::middleware::from_fn(json_errors))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            limits.http_request_timeout,
+        ))
+        .layer(axum::middleware::from_fn(json_errors))
+        .layer(axum::middleware::from_fn(header_limit))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(|_: BoxError| async { overloaded() }))
+                .load_shed()
+                // Global: `Router::layer` makes a service per route, and the limit is
+                // the service's, not a route's.
+                .layer(GlobalConcurrencyLimitLayer::new(
+                    limits.http_max_concurrent_requests,
+                )),
+        )
+}
+
+/// What the concurrency limit answers past its number: refused at once, so a client
+/// backs off instead of queueing behind requests that would time out anyway.
+fn overloaded() -> Response {
+    let mut response = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "too many requests in progress; retry after Retry-After seconds".to_owned(),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+async fn header_limit(request: Request, next: Next) -> Response {
+    let size: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if size > HEADER_LIMIT {
+        return error(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request_header_fields_too_large",
+            format!(
+                "request headers of {size} bytes, over the limit of {} KiB",
+                HEADER_LIMIT >> 10
+            ),
+        );
+    }
+    next.run(request).await
+}
+
+/// `{"error": {"code", "message"}}` with `status`.
+fn error(status: StatusCode, code: &str, message: String) -> Response {
+    (
+        status,
+        Json(json!({ "error": { "code": code, "message": message } })),
+    )
+        .into_response()
 }
 
 /// Middleware: an error answer that is not JSON becomes the JSON error every handler
@@ -116,6 +188,9 @@ pub async fn json_errors(request: Request, next: Next) -> Response {
         }
         StatusCode::PAYLOAD_TOO_LARGE => {
             format!("request body over the limit of {} MiB", BODY_LIMIT >> 20)
+        }
+        StatusCode::REQUEST_TIMEOUT => {
+            "the request (its body included) took longer than the server allows".to_owned()
         }
         _ if !text.is_empty() => text,
         _ => code.replace('_', " "),

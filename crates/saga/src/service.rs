@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{DatabaseConfig, KafkaConfig, RetentionConfig};
+use crate::config::{DatabaseConfig, HttpLimits, KafkaConfig, RetentionConfig};
 use crate::consumer::{self, ConsumerSettings};
 use crate::db;
 use crate::retention::{self, Target, Window};
@@ -33,6 +33,7 @@ pub struct Service {
     database_url: String,
     kafka: KafkaConfig,
     retention: RetentionConfig,
+    http_limits: HttpLimits,
     /// Tables of the service's own that the pruner keeps short, beside the inbox and the
     /// outbox.
     also_pruned: Vec<Target>,
@@ -53,9 +54,8 @@ impl Service {
         database: &DatabaseConfig,
         kafka: &KafkaConfig,
         retention: &RetentionConfig,
-        http_addr: SocketAddr,
-        migrations: fn() -> refinery::Runner,
-        history_table: &str,
+        (http_addr, http_limits): (SocketAddr, &HttpLimits),
+        (migrations, history_table): db::MigrationSet<'_>,
     ) -> anyhow::Result<Self> {
         crate::failpoint::arm_from_env()?;
         let listener = TcpListener::bind(http_addr)
@@ -74,6 +74,7 @@ impl Service {
             database_url: database.database_url.clone(),
             kafka: kafka.clone(),
             retention: retention.clone(),
+            http_limits: http_limits.clone(),
             also_pruned: Vec::new(),
         })
     }
@@ -132,6 +133,7 @@ impl Service {
             router
                 .merge(crate::http::health(self.pool.clone()))
                 .merge(crate::metrics::router(Some(self.pool.clone()))),
+            &self.http_limits,
         )
         .layer(axum::middleware::from_fn(crate::metrics::track_http));
         tasks.spawn(

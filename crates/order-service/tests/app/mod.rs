@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use order_service::{Application, Config};
 use reqwest::header::HeaderMap;
-use saga::config::{DatabaseConfig, IdempotencyConfig, KafkaConfig, KeyConfig, RetentionConfig};
+use saga::config::{
+    DatabaseConfig, HttpLimits, IdempotencyConfig, KafkaConfig, KeyConfig, RetentionConfig,
+};
 use saga_testkit::{TestDatabase, TestKafka};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -60,14 +62,27 @@ pub fn config(db: &TestDatabase, kafka: &TestKafka, idempotency: IdempotencyConf
         idempotency,
         retention: RetentionConfig::off(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
+        http: HttpLimits::default(),
     }
 }
 
 pub async fn spawn_app_with(idempotency: IdempotencyConfig) -> TestApp {
+    spawn_configured(idempotency, HttpLimits::default()).await
+}
+
+/// The service with `http` limits instead of the defaults.
+pub async fn spawn_app_limited(http: HttpLimits) -> TestApp {
+    spawn_configured(defaults(), http).await
+}
+
+async fn spawn_configured(idempotency: IdempotencyConfig, http: HttpLimits) -> TestApp {
     let (db, kafka) = tokio::join!(TestDatabase::empty(), TestKafka::new());
-    let app = Application::build(config(&db, &kafka, idempotency))
-        .await
-        .expect("order-service builds");
+    let app = Application::build(Config {
+        http,
+        ..config(&db, &kafka, idempotency)
+    })
+    .await
+    .expect("order-service builds");
     let base = format!("http://{}", app.local_addr());
     let shutdown = CancellationToken::new();
     tokio::spawn(app.run_until_stopped(shutdown.clone()));
