@@ -20,14 +20,18 @@ use saga::http::BodyError;
 use saga::idempotency::{self, Fingerprint, IdempotencyKey, KeyError};
 use saga::{Retry, Topics};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use uuid::Uuid;
 
-use crate::orders::{self, Keyed, NewLine, Order, PlaceOrderError, Placed};
+use saga::events::OrderItem;
+use utoipa::{OpenApi, ToSchema};
+
+use crate::orders::{self, Keyed, NewLine, Order, OrderStatus, PlaceOrderError, Placed};
 
 /// More than this many units of one product is a typo, not an order.
 const MAX_QUANTITY: i32 = 1000;
 const MAX_ITEMS: usize = 100;
+const MAX_CUSTOMER_ID: usize = 200;
 
 const ORDERS: &str = "/v1/orders";
 
@@ -42,6 +46,10 @@ pub fn router(pool: Pool, topics: Topics, idempotency: IdempotencyConfig) -> Rou
     Router::new()
         .route(ORDERS, post(place_order))
         .route("/v1/orders/{id}", get(get_order))
+        .route(
+            "/openapi.json",
+            get(|| async { axum::Json(ApiDoc::openapi()) }),
+        )
         .with_state(AppState {
             pool,
             topics,
@@ -49,21 +57,124 @@ pub fn router(pool: Pool, topics: Topics, idempotency: IdempotencyConfig) -> Rou
         })
 }
 
+/// The order API's contract, served at `/openapi.json`: generated from the handlers'
+/// annotations and the types below, so it describes what the code does.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "order-saga order API",
+        description = "Places orders, which the saga charges and settles; reads them back. \
+                       Every error is the JSON error, `{\"error\": {\"code\", \"message\"}}`."
+    ),
+    paths(place_order, get_order),
+    components(schemas(
+        PlaceOrder,
+        LineItem,
+        Order,
+        OrderItem,
+        OrderStatus,
+        ErrorBody,
+        ErrorDetail
+    ))
+)]
+pub struct ApiDoc;
+
 /// The body of `POST /v1/orders`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "customer_id": "cust-1",
+    "items": [{ "product_id": "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21", "quantity": 2 }]
+}))]
 struct PlaceOrder {
+    /// Who orders; surrounding whitespace is ignored, control characters are refused.
+    #[schema(min_length = 1, max_length = 200, example = "cust-1")]
     customer_id: String,
+    /// One line per product.
+    #[schema(min_items = 1, max_items = 100)]
     items: Vec<LineItem>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct LineItem {
+    /// A product of the catalog: the examples are those seeded (1299, 64900 and 119900
+    /// cents).
+    #[schema(examples(
+        "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21",
+        "c9f0f895-fb98-4b91-9f3a-2b7c5e1d0a44",
+        "45c48cce-2e2d-4fbd-8a1e-7d3b9c6f5e12"
+    ))]
     product_id: Uuid,
+    #[schema(minimum = 1, maximum = 1000)]
     quantity: i32,
 }
 
+/// Every error answer of the API (and of the HTTP layer in front of it).
+#[derive(Debug, serde::Serialize, ToSchema)]
+pub struct ErrorBody {
+    error: ErrorDetail,
+}
+
+impl ErrorDetail {
+    fn new(code: &str, message: impl Into<String>) -> Self {
+        Self {
+            code: code.to_owned(),
+            message: message.into(),
+            field: None,
+        }
+    }
+
+    fn at(field: &str, message: &str) -> Self {
+        Self {
+            field: Some(field.to_owned()),
+            ..Self::new("invalid_field", message)
+        }
+    }
+}
+
+#[derive(Debug, serde::Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// What went wrong, for code: `invalid_field`, `malformed_json`, `order_not_found`, …
+    code: String,
+    /// What went wrong, for people.
+    message: String,
+    /// With `invalid_field`: the field, as a path (`items[0].quantity`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<String>,
+}
+
+/// Places an order: priced from the catalog, stored `pending` with its `order.created`
+/// event in one transaction; the saga then charges it and settles it.
+#[utoipa::path(
+    post,
+    path = "/v1/orders",
+    tag = "orders",
+    request_body(content = PlaceOrder, content_type = "application/json"),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, nullable = false,
+         description = "A structured-field string (`\"…\"`, or a bare token) of 1 to 255 \
+                        characters: a retry with the same key and body gets the first \
+                        answer again and places nothing.")
+    ),
+    responses(
+        (status = 201, description = "Placed (or, with `Idempotent-Replayed: true`, placed before under this key)",
+         body = Order,
+         headers(("Location" = String, description = "The order's URL"),
+                 ("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        (status = 400, description = "`malformed_json`, `invalid_idempotency_key`, `idempotency_key_missing`", body = ErrorBody),
+        (status = 408, description = "`request_timeout`: the request took longer than allowed", body = ErrorBody),
+        (status = 409, description = "`idempotency_key_in_use`: a request with this key is in progress; retry after `Retry-After`", body = ErrorBody,
+         headers(("Retry-After" = String, description = "Seconds"))),
+        (status = 413, description = "`payload_too_large`: a body over 2 MiB", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: not declared `application/json`", body = ErrorBody),
+        (status = 422, description = "`invalid_field` (with `field`), `idempotency_key_reused`", body = ErrorBody),
+        (status = 431, description = "`request_header_fields_too_large`", body = ErrorBody),
+        (status = 500, description = "`internal`: a fault of the service, logged", body = ErrorBody),
+        (status = 503, description = "`unavailable` (the database is down) or `overloaded`; retry later", body = ErrorBody,
+         headers(("Retry-After" = String, description = "Seconds, with `overloaded`"))),
+    )
+)]
 async fn place_order(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -136,10 +247,10 @@ fn validate(request: &PlaceOrder) -> Result<Vec<NewLine>, ApiError> {
             "must not contain control characters",
         ));
     }
-    if customer_id.chars().count() > 200 {
+    if customer_id.chars().count() > MAX_CUSTOMER_ID {
         return Err(ApiError::field(
             "customer_id",
-            "must be at most 200 characters",
+            format!("must be at most {MAX_CUSTOMER_ID} characters"),
         ));
     }
     if request.items.is_empty() {
@@ -179,6 +290,22 @@ fn validate(request: &PlaceOrder) -> Result<Vec<NewLine>, ApiError> {
     Ok(lines)
 }
 
+/// An order, with its status.
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{id}",
+    tag = "orders",
+    params(("id" = Uuid, Path, description = "The order's id")),
+    responses(
+        (status = 200, description = "The order", body = Order),
+        (status = 404, description = "`order_not_found`", body = ErrorBody),
+        (status = 408, description = "`request_timeout`", body = ErrorBody),
+        (status = 422, description = "`invalid_field`: the id is not a UUID", body = ErrorBody),
+        (status = 431, description = "`request_header_fields_too_large`", body = ErrorBody),
+        (status = 500, description = "`internal`: a fault of the service, logged", body = ErrorBody),
+        (status = 503, description = "`unavailable` or `overloaded`; retry later", body = ErrorBody),
+    )
+)]
 async fn get_order(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -286,52 +413,55 @@ impl IntoResponse for ApiError {
         let (status, body) = match &self {
             ApiError::MalformedJson(message) => (
                 StatusCode::BAD_REQUEST,
-                json!({ "code": "malformed_json", "message": format!("body is not valid JSON: {message}") }),
+                ErrorDetail::new(
+                    "malformed_json",
+                    format!("body is not valid JSON: {message}"),
+                ),
             ),
             ApiError::UnsupportedMediaType => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                json!({ "code": "unsupported_media_type", "message": self.to_string() }),
+                ErrorDetail::new("unsupported_media_type", self.to_string()),
             ),
             ApiError::InvalidField { field, message } => (
                 StatusCode::UNPROCESSABLE_ENTITY,
-                json!({ "code": "invalid_field", "field": field, "message": message }),
+                ErrorDetail::at(field, message),
             ),
             ApiError::InvalidIdempotencyKey(_) => (
                 StatusCode::BAD_REQUEST,
-                json!({ "code": "invalid_idempotency_key", "message": self.to_string() }),
+                ErrorDetail::new("invalid_idempotency_key", self.to_string()),
             ),
             ApiError::IdempotencyKeyMissing => (
                 StatusCode::BAD_REQUEST,
-                json!({ "code": "idempotency_key_missing", "message": self.to_string() }),
+                ErrorDetail::new("idempotency_key_missing", self.to_string()),
             ),
             ApiError::IdempotencyKeyReused => (
                 StatusCode::UNPROCESSABLE_ENTITY,
-                json!({ "code": "idempotency_key_reused", "message": self.to_string() }),
+                ErrorDetail::new("idempotency_key_reused", self.to_string()),
             ),
             ApiError::IdempotencyKeyInUse => (
                 StatusCode::CONFLICT,
-                json!({ "code": "idempotency_key_in_use", "message": self.to_string() }),
+                ErrorDetail::new("idempotency_key_in_use", self.to_string()),
             ),
             ApiError::NotFound(_) => (
                 StatusCode::NOT_FOUND,
-                json!({ "code": "order_not_found", "message": self.to_string() }),
+                ErrorDetail::new("order_not_found", self.to_string()),
             ),
             ApiError::Unavailable(error) => {
                 tracing::warn!(%error, "request failed: database unavailable");
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    json!({ "code": "unavailable", "message": "the database is unavailable; retry later" }),
+                    ErrorDetail::new("unavailable", "the database is unavailable; retry later"),
                 )
             }
             ApiError::Internal(error) => {
                 tracing::error!(error = format!("{error:#}"), "request failed");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    json!({ "code": "internal", "message": "internal error" }),
+                    ErrorDetail::new("internal", "internal error"),
                 )
             }
         };
-        let mut response = (status, axum::Json(json!({ "error": body }))).into_response();
+        let mut response = (status, axum::Json(ErrorBody { error: body })).into_response();
         if matches!(self, ApiError::IdempotencyKeyInUse) {
             // The first request has been running for the whole wait already; a second
             // more is about as long as any request takes.
@@ -340,5 +470,52 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn document() -> Value {
+        serde_json::to_value(ApiDoc::openapi()).unwrap()
+    }
+
+    #[test]
+    fn the_contract_is_openapi_3_1_and_states_the_limits_the_code_enforces() {
+        let doc = document();
+        assert!(
+            doc["openapi"].as_str().unwrap().starts_with("3.1"),
+            "{}",
+            doc["openapi"]
+        );
+        let schemas = &doc["components"]["schemas"];
+        let order = &schemas["PlaceOrder"];
+        assert_eq!(order["additionalProperties"], false, "{order}");
+        assert_eq!(
+            order["properties"]["customer_id"]["maxLength"],
+            MAX_CUSTOMER_ID
+        );
+        assert_eq!(order["properties"]["items"]["minItems"], 1);
+        assert_eq!(order["properties"]["items"]["maxItems"], MAX_ITEMS);
+        let line = &schemas["LineItem"]["properties"]["quantity"];
+        assert_eq!(line["minimum"], 1);
+        assert_eq!(line["maximum"], MAX_QUANTITY);
+    }
+
+    #[test]
+    fn every_route_documents_the_refusals_every_request_can_meet() {
+        let doc = document();
+        for (path, method) in [(ORDERS, "post"), ("/v1/orders/{id}", "get")] {
+            let responses = &doc["paths"][path][method]["responses"];
+            for status in ["408", "422", "431", "500", "503"] {
+                let response = &responses[status];
+                assert_eq!(
+                    response["content"]["application/json"]["schema"]["$ref"],
+                    "#/components/schemas/ErrorBody",
+                    "{method} {path}: {status}"
+                );
+            }
+        }
     }
 }

@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OrderStatus {
     Pending,
@@ -48,18 +48,21 @@ impl OrderStatus {
 }
 
 /// An order as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Order {
     pub id: Uuid,
     pub customer_id: String,
     pub status: OrderStatus,
     pub amount_cents: i64,
     pub items: Vec<OrderItem>,
+    /// Why it was cancelled; only on a cancelled order.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: OffsetDateTime,
 }
 

@@ -36,7 +36,7 @@ pub fn notification_id(outcome_event_id: &str) -> String {
     format!("{outcome_event_id}:notification")
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OrderItem {
     pub product_id: Uuid,
     pub quantity: i32,
