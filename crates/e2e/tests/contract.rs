@@ -30,7 +30,10 @@ async fn every_generated_request_gets_a_documented_status_and_body_never_a_5xx_n
     let stack = Stack::start().await;
     let reports = std::env::temp_dir().join(format!("{}-contract", stack.kafka.namespace));
 
+    std::fs::create_dir_all(&reports).unwrap();
     let output = tokio::process::Command::new(&st)
+        // It keeps a cache in its working folder.
+        .current_dir(&reports)
         .arg("run")
         .arg(stack.api_url("/openapi.json"))
         // Every check but one: a request valid by the schema may still name a product
@@ -55,8 +58,12 @@ async fn every_generated_request_gets_a_documented_status_and_body_never_a_5xx_n
     let stdout = String::from_utf8_lossy(&output.stdout);
     let report = std::fs::read_dir(&reports)
         .ok()
-        .and_then(|mut entries| entries.next())
-        .and_then(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
+        .and_then(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .find(|entry| entry.file_name().to_string_lossy().ends_with(".json"))
+        })
+        .and_then(|entry| std::fs::read_to_string(entry.path()).ok())
         .unwrap_or_else(|| panic!("schemathesis wrote no report:\n{stdout}"));
     let report: Value = serde_json::from_str(&report).unwrap();
     let generated = report["test_cases"]["generated"].as_u64().unwrap();
