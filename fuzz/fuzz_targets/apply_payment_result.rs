@@ -13,7 +13,8 @@ fuzz_target!(|data: &[u8]| {
     let handler = ApplyPaymentResult::new(Topics::new(""));
     if let Ok(Some((payment, _))) = handler.decode(&event) {
         assert!(
-            [events::PAYMENT_SUCCEEDED, events::PAYMENT_FAILED].contains(&event.event_type.as_str())
+            [events::PAYMENT_SUCCEEDED, events::PAYMENT_FAILED]
+                .contains(&event.event_type.as_str())
         );
         assert_eq!(event.aggregate_id.parse(), Ok(payment.order_id));
     }
