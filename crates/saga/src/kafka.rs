@@ -70,6 +70,13 @@ pub fn idempotent_producer(brokers: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", brokers)
+        // librdkafka (2.12) already defaults to acks=all and forces it when idempotence is
+        // on, and refuses to create a producer whose settings contradict it; stated here
+        // because "acknowledged" must mean "in every in-sync replica", which is what lets a
+        // relay mark a row published and a consumer move past a dead letter. Idempotence
+        // itself is off by default in librdkafka: without it a retried send could duplicate
+        // a record or, with several in flight, reorder one order's events.
+        .set("acks", "all")
         .set("enable.idempotence", "true")
         // Send at once: each event of an order waits on the one before it, so a linger
         // adds to every hop. The relay still batches: it hands librdkafka a whole batch
