@@ -122,41 +122,56 @@ async fn each_reader_reads_its_own_database_alone_and_writes_nothing() {
                 continue;
             }
             let client = connected.unwrap_or_else(|e| panic!("{reader} on {database}: {e}"));
-            let tables: Vec<String> = client
-                .query(
-                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public'",
-                    &[],
-                )
+            // A table the service makes, as its migrations do: the reader reads it.
+            let owner = connect(&role(service), database).await.unwrap();
+            owner
+                .batch_execute(&format!(
+                    "DROP TABLE IF EXISTS {PROBE}; CREATE TABLE {PROBE} (x int); \
+                     INSERT INTO {PROBE} VALUES (1), (2)"
+                ))
                 .await
-                .unwrap()
-                .iter()
-                .map(|row| row.get(0))
-                .collect();
-            assert!(tables.len() > 1, "{database} has no tables: {tables:?}");
-            for table in &tables {
-                client
-                    .query_one(&format!("SELECT count(*) FROM {table}"), &[])
-                    .await
-                    .unwrap_or_else(|e| panic!("{reader} cannot read {database}.{table}: {e}"));
-            }
+                .unwrap_or_else(|e| {
+                    panic!("{} cannot make a table in {database}: {e}", role(service))
+                });
+            let rows: i64 = client
+                .query_one(&format!("SELECT count(*) FROM {PROBE}"), &[])
+                .await
+                .unwrap_or_else(|e| panic!("{reader} cannot read {database}: {e}"))
+                .get(0);
+            assert_eq!(rows, 2);
+            // Read-only by default; and by privilege once a session turns that off.
+            let refused = client
+                .batch_execute(&format!("DELETE FROM {PROBE}"))
+                .await
+                .unwrap_err();
+            assert_eq!(refused.code(), Some(&SqlState::READ_ONLY_SQL_TRANSACTION));
+            client
+                .batch_execute("SET default_transaction_read_only = off")
+                .await
+                .unwrap();
             for statement in [
-                format!("DELETE FROM {}", tables[0]),
+                format!("DELETE FROM {PROBE}"),
+                format!("INSERT INTO {PROBE} VALUES (3)"),
                 "CREATE TABLE saga_test_not_allowed (x int)".to_owned(),
                 "CREATE TEMPORARY TABLE saga_test_not_allowed (x int)".to_owned(),
             ] {
                 let refused = client.batch_execute(&statement).await.unwrap_err();
-                assert!(
-                    [
-                        SqlState::READ_ONLY_SQL_TRANSACTION,
-                        SqlState::INSUFFICIENT_PRIVILEGE
-                    ]
-                    .contains(refused.code().unwrap()),
+                assert_eq!(
+                    refused.code(),
+                    Some(&SqlState::INSUFFICIENT_PRIVILEGE),
                     "{reader}: {statement}: {refused:?}"
                 );
             }
+            owner
+                .batch_execute(&format!("DROP TABLE {PROBE}"))
+                .await
+                .unwrap();
         }
     }
 }
+
+/// The table the reader test makes in each service's database, and drops.
+const PROBE: &str = "saga_test_privileges_probe";
 
 #[tokio::test]
 async fn no_password_shows_in_a_log_an_error_or_the_help() {
@@ -191,6 +206,21 @@ async fn no_password_shows_in_a_log_an_error_or_the_help() {
         !help.contains(password),
         "--help shows DATABASE_URL's value:\n{help}"
     );
+
+    // sagactl's defaults are the readers' URLs: --help names the roles, not passwords.
+    let help = std::process::Command::new(binary("sagactl"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("orders_reader"), "{help}");
+    for service in ALL {
+        let reader = reader(database_name(service));
+        assert!(
+            !help.contains(&role_password(&reader)),
+            "sagactl --help shows {reader}'s password:\n{help}"
+        );
+    }
 
     // A service refused by its database says so, and names no password.
     let log = std::env::temp_dir().join(format!("{}-wrong-password.log", stack.kafka.namespace));
