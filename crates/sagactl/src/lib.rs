@@ -25,32 +25,44 @@ use uuid::Uuid;
 /// log in as each database's read-only role (`<database>_reader`), never a service's.
 #[derive(Debug, Clone, Args)]
 pub struct Sources {
+    /// The orders database; by default as `orders_reader` on 127.0.0.1:5432, with the
+    /// password `PG_PASSWORD_ORDERS_READER` or the demo's.
     #[arg(
         long,
         env = "ORDERS_DATABASE_URL",
         hide_env_values = true,
-        default_value = "postgres://orders_reader:orders_reader-pw@127.0.0.1:5432/orders"
+        hide_default_value = true,
+        default_value_t = reader_url("orders")
     )]
     pub orders_database_url: String,
+    /// The payments database; by default as `payments_reader` on 127.0.0.1:5432, with the
+    /// password `PG_PASSWORD_PAYMENTS_READER` or the demo's.
     #[arg(
         long,
         env = "PAYMENTS_DATABASE_URL",
         hide_env_values = true,
-        default_value = "postgres://payments_reader:payments_reader-pw@127.0.0.1:5432/payments"
+        hide_default_value = true,
+        default_value_t = reader_url("payments")
     )]
     pub payments_database_url: String,
+    /// The notifications database; by default as `notifications_reader` on 127.0.0.1:5432, with the
+    /// password `PG_PASSWORD_NOTIFICATIONS_READER` or the demo's.
     #[arg(
         long,
         env = "NOTIFICATIONS_DATABASE_URL",
         hide_env_values = true,
-        default_value = "postgres://notifications_reader:notifications_reader-pw@127.0.0.1:5432/notifications"
+        hide_default_value = true,
+        default_value_t = reader_url("notifications")
     )]
     pub notifications_database_url: String,
+    /// The provider database; by default as `provider_reader` on 127.0.0.1:5432, with the
+    /// password `PG_PASSWORD_PROVIDER_READER` or the demo's.
     #[arg(
         long,
         env = "PROVIDER_DATABASE_URL",
         hide_env_values = true,
-        default_value = "postgres://provider_reader:provider_reader-pw@127.0.0.1:5432/provider"
+        hide_default_value = true,
+        default_value_t = reader_url("provider")
     )]
     pub provider_database_url: String,
     /// Kafka bootstrap servers, comma separated.
@@ -60,6 +72,15 @@ pub struct Sources {
     #[arg(long, env = "KAFKA_NAMESPACE", default_value = "",
           value_parser = |s: &str| Ok::<_, String>(Topics::new(s)))]
     pub topics: Topics,
+}
+
+/// `database` on this machine as its read-only role, with the password `scripts/lib.sh`
+/// gives that role (`PG_PASSWORD_<ROLE>`, or the demo's `<role>-pw`).
+fn reader_url(database: &str) -> String {
+    let role = format!("{database}_reader");
+    let password = std::env::var(format!("PG_PASSWORD_{}", role.to_uppercase()))
+        .unwrap_or_else(|_| format!("{role}-pw"));
+    format!("postgres://{role}:{password}@127.0.0.1:5432/{database}")
 }
 
 /// `15:12:06.014`: a time of day to the millisecond, in UTC.
