@@ -94,19 +94,34 @@ async fn headers_past_the_limit_are_a_431_json_error_and_nothing_is_placed() {
 
 #[tokio::test]
 async fn clients_sending_their_bodies_slowly_are_cut_off_and_the_others_are_served_meanwhile() {
-    let app = spawn_app_limited(limits(1500, 64)).await;
+    // Long enough that ten orders are surely placed before it: the point is that they
+    // are answered while the slow clients still hold their connections.
+    let app = spawn_app_limited(limits(4000, 64)).await;
     for round in 0..3 {
         let slow: Vec<SlowClient> =
             futures::future::join_all((0..4).map(|_| SlowClient::start(&app.base))).await;
-        // While the slow bodies trickle in, others place orders and are answered.
+        let answers: Vec<_> = slow
+            .into_iter()
+            .map(|client| {
+                tokio::spawn(async move {
+                    let answer = client.answer().await;
+                    (answer, std::time::Instant::now())
+                })
+            })
+            .collect();
         for _ in 0..10 {
             let (status, body) = app.post_order(app::order(1)).await;
             assert_eq!(status, 201, "round {round}: {body}");
         }
-        for client in slow {
-            let (status, error) = client.answer().await;
+        let served = std::time::Instant::now();
+        for answer in answers {
+            let ((status, error), cut_off) = answer.await.unwrap();
             assert!(status.contains(" 408 "), "round {round}: {status}");
             assert_eq!(error["error"]["code"], "request_timeout", "{error}");
+            assert!(
+                cut_off > served,
+                "round {round}: a slow client was cut off before the others were served"
+            );
         }
     }
     assert_eq!(
