@@ -10,7 +10,7 @@ use saga_e2e::{
     NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, SERVICES, Stack,
     binary, database_name, reader, role,
 };
-use saga_testkit::{postgres_admin_url, role_password};
+use saga_testkit::{native_url, role_password};
 use tokio_postgres::error::SqlState;
 
 const ALL: [&str; 4] = [
@@ -20,23 +20,11 @@ const ALL: [&str; 4] = [
     PAYMENT_PROVIDER,
 ];
 
-/// `database` of the native setup, as `role` with its configured password.
-fn url(role: &str, database: &str) -> String {
-    let admin = postgres_admin_url();
-    let (scheme, rest) = admin.split_once("://").unwrap();
-    let (_, host) = rest.rsplit_once('@').unwrap();
-    let (host, _) = host.rsplit_once('/').unwrap();
-    format!(
-        "{scheme}://{role}:{}@{host}/{database}",
-        role_password(role)
-    )
-}
-
 async fn connect(
     role: &str,
     database: &str,
 ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    saga::db::connect(&saga::db::parse_url(&url(role, database)).unwrap())
+    saga::db::connect(&saga::db::parse_url(&native_url(role, database)).unwrap())
         .await
         .map_err(|error| match error {
             saga::db::DbError::Connect(error) => error,

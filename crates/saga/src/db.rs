@@ -42,6 +42,13 @@ pub fn describe(error: &tokio_postgres::Error) -> String {
     }
 }
 
+/// The password of `role` (a service's or a reader's) as the project's scripts set it:
+/// `PG_PASSWORD_<ROLE>`, or the demo's `<role>-pw`.
+pub fn role_password(role: &str) -> String {
+    std::env::var(format!("PG_PASSWORD_{}", role.to_uppercase()))
+        .unwrap_or_else(|_| format!("{role}-pw"))
+}
+
 /// `url` with its password cut out (`postgres://user@host/db`), fit for a log line or an
 /// error message.
 pub fn redacted(url: &str) -> String {

@@ -78,8 +78,7 @@ pub struct Sources {
 /// gives that role (`PG_PASSWORD_<ROLE>`, or the demo's `<role>-pw`).
 fn reader_url(database: &str) -> String {
     let role = format!("{database}_reader");
-    let password = std::env::var(format!("PG_PASSWORD_{}", role.to_uppercase()))
-        .unwrap_or_else(|_| format!("{role}-pw"));
+    let password = saga::db::role_password(&role);
     format!("postgres://{role}:{password}@127.0.0.1:5432/{database}")
 }
 

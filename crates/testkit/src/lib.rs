@@ -39,11 +39,15 @@ pub fn kafka_brokers() -> String {
     std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
-/// A role `scripts/infra-up` made (a service's, or a database's read-only one) and its
-/// password, from the same variable as there.
-pub fn role_password(role: &str) -> String {
-    std::env::var(format!("PG_PASSWORD_{}", role.to_uppercase()))
-        .unwrap_or_else(|_| format!("{role}-pw"))
+pub use saga::db::role_password;
+
+/// `database` of the cluster the tests use, as `role` (one `scripts/infra-up` made).
+pub fn native_url(role: &str, database: &str) -> String {
+    url_of(
+        &postgres_admin_url(),
+        Some((role, &role_password(role))),
+        database,
+    )
 }
 
 /// A database of its own for one test.
