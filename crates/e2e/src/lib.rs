@@ -23,7 +23,7 @@ pub mod metrics;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -63,6 +63,11 @@ pub struct Stack {
     /// Variables every instance is started with, restarts included.
     env: Vec<(String, String)>,
     http: reqwest::Client,
+}
+
+/// The checkout's root: the scripts, the compose file and `.cache` the tests read.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// The role `service` logs in as, owner of its database alone (`service_role` in

@@ -5,6 +5,7 @@
 //!
 //! The binaries must be built first (`cargo build --bins`; `scripts/test` does it).
 
+use saga_e2e::workspace_root;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -166,13 +167,17 @@ fn postgres_makes_each_service_its_own_role_and_database_as_the_native_scripts_d
     );
 
     // The same SQL as natively: scripts/infra-up feeds it to psql too.
-    let init = read(&root().join(POSTGRES_INIT_FOLDER).join("init-databases.sh"));
+    let init = read(
+        &workspace_root()
+            .join(POSTGRES_INIT_FOLDER)
+            .join("init-databases.sh"),
+    );
     assert!(
         init.contains(&format!("-f {POSTGRES_INIT_MOUNT}/{SERVICE_DATABASE_SQL}")),
         "init-databases.sh does not run {SERVICE_DATABASE_SQL}"
     );
     assert!(
-        read(&root().join("scripts/infra-up")).contains(&format!(
+        read(&workspace_root().join("scripts/infra-up")).contains(&format!(
             "$ROOT/{POSTGRES_INIT_FOLDER}/{SERVICE_DATABASE_SQL}"
         )),
         "scripts/infra-up does not run {POSTGRES_INIT_FOLDER}/{SERVICE_DATABASE_SQL}"
@@ -367,7 +372,7 @@ fn the_broker_is_configured_like_the_native_one() {
     ];
     let compose = Compose::load();
     let env = environment(compose.service("kafka"));
-    let properties = read(&root().join("deploy/kafka/server.properties"));
+    let properties = read(&workspace_root().join("deploy/kafka/server.properties"));
     let mut compared = 0;
     for line in properties.lines().map(str::trim) {
         if line.is_empty() || line.starts_with('#') {
@@ -474,7 +479,7 @@ fn the_image_builds_the_services_the_compose_file_runs_and_the_operator_tools() 
     static BIN: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"--bin ([a-z-]+)").unwrap());
     static COPY: LazyLock<Regex> =
         LazyLock::new(|| Regex::new(r"(?m)^\s*&& cp ([a-z -]+) /out/$").unwrap());
-    let dockerfile = read(&root().join(DOCKERFILE));
+    let dockerfile = read(&workspace_root().join(DOCKERFILE));
     let built: BTreeSet<String> = BIN
         .captures_iter(&dockerfile)
         .map(|c| c[1].to_owned())
@@ -529,7 +534,7 @@ fn prometheus_scrapes_every_service_on_its_native_port_labelled_by_name() {
         targets, wanted,
         "{PROMETHEUS_CONFIG}: every built service, at service_port in scripts/lib.sh"
     );
-    let relabel = read(&root().join(PROMETHEUS_CONFIG));
+    let relabel = read(&workspace_root().join(PROMETHEUS_CONFIG));
     assert!(
         relabel.contains("target_label: service"),
         "the dashboard groups by a `service` label"
@@ -569,7 +574,10 @@ fn grafana_reads_the_compose_prometheus_and_opens_on_the_saga_dashboard() {
     let file = home
         .strip_prefix("/var/lib/grafana/dashboards/")
         .unwrap_or_else(|| panic!("{home} is not in the mounted dashboards"));
-    assert!(root().join(DASHBOARDS).join(file).is_file(), "{home}");
+    assert!(
+        workspace_root().join(DASHBOARDS).join(file).is_file(),
+        "{home}"
+    );
     assert_eq!(
         published_ports(grafana),
         vec![("3000".to_owned(), "3000".to_owned())]
@@ -582,12 +590,14 @@ fn grafana_reads_the_compose_prometheus_and_opens_on_the_saga_dashboard() {
 fn the_dashboard_queries_every_metric_the_services_export_and_no_other() {
     let exported: BTreeSet<String> = Regex::new(r#"pub const [A-Z_]+: &str = "(saga_[a-z_]+)""#)
         .unwrap()
-        .captures_iter(&read(&root().join("crates/saga/src/metrics.rs")))
+        .captures_iter(&read(&workspace_root().join("crates/saga/src/metrics.rs")))
         .map(|c| c[1].to_owned())
         .collect();
     assert!(exported.len() > 10, "{exported:?}");
-    let dashboard: serde_json::Value =
-        serde_json::from_str(&read(&root().join(DASHBOARDS).join("order-saga.json"))).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&read(
+        &workspace_root().join(DASHBOARDS).join("order-saga.json"),
+    ))
+    .unwrap();
     let name = Regex::new(r"saga_[a-z_]+").unwrap();
     let mut queried = BTreeSet::new();
     for panel in dashboard["panels"].as_array().unwrap() {
@@ -615,7 +625,7 @@ struct Compose {
 
 impl Compose {
     fn load() -> Self {
-        let path = root().join("docker-compose.yml");
+        let path = workspace_root().join("docker-compose.yml");
         let mut documents = YamlOwned::load_from_str(&read(&path))
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(documents.len(), 1, "{}: one YAML document", path.display());
@@ -808,7 +818,7 @@ struct LibSh {
 impl LibSh {
     fn load() -> Self {
         Self {
-            text: read(&root().join("scripts/lib.sh")),
+            text: read(&workspace_root().join("scripts/lib.sh")),
         }
     }
 
@@ -903,7 +913,7 @@ fn variables_read_by(binary: &str) -> BTreeSet<String> {
 fn logging_variables() -> Vec<String> {
     static VAR: LazyLock<Regex> =
         LazyLock::new(|| Regex::new(r#"env::var\("([A-Z][A-Z0-9_]*)"\)"#).unwrap());
-    let source = read(&root().join("crates/saga/src/telemetry.rs"));
+    let source = read(&workspace_root().join("crates/saga/src/telemetry.rs"));
     let mut variables: Vec<String> = VAR
         .captures_iter(&source)
         .map(|c| c[1].to_owned())
@@ -965,7 +975,7 @@ fn binary_path(binary: &str) -> PathBuf {
 /// The workspace's binary crates: `crates/<name>` with a `src/main.rs`, whose package
 /// (and so binary) name is the folder's.
 fn workspace_binaries() -> Vec<String> {
-    let crates = root().join("crates");
+    let crates = workspace_root().join("crates");
     let mut binaries = Vec::new();
     for entry in std::fs::read_dir(&crates).unwrap() {
         let folder = entry.unwrap().path();
@@ -988,14 +998,10 @@ fn workspace_binaries() -> Vec<String> {
 
 /// A YAML file of the project's, parsed.
 fn load_yaml(path: &str) -> YamlOwned {
-    let mut documents = YamlOwned::load_from_str(&read(&root().join(path)))
+    let mut documents = YamlOwned::load_from_str(&read(&workspace_root().join(path)))
         .unwrap_or_else(|e| panic!("{path}: {e}"));
     assert_eq!(documents.len(), 1, "{path}: one YAML document");
     documents.remove(0)
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 fn read(path: &Path) -> String {

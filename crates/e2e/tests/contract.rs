@@ -6,19 +6,15 @@
 //! `scripts/contract --long` runs it with many more. Each run's figures go to
 //! `target/contract-report.md`.
 
-use std::path::{Path, PathBuf};
-
-use saga_e2e::{NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_SERVICE, SETTLE, Stack};
+use saga_e2e::{
+    NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_SERVICE, SETTLE, Stack, workspace_root,
+};
 use saga_testkit::eventually;
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_generated_request_gets_a_documented_status_and_body_never_a_5xx_nor_a_hang() {
-    let st = root().join(".cache/schemathesis/bin/st");
+    let st = workspace_root().join(".cache/schemathesis/bin/st");
     assert!(
         st.exists(),
         "{} is missing: scripts/test installs schemathesis",
@@ -78,7 +74,7 @@ async fn every_generated_request_gets_a_documented_status_and_body_never_a_5xx_n
     );
     println!("{line}");
     let _ = std::fs::write(
-        root().join("target/contract-report.md"),
+        workspace_root().join("target/contract-report.md"),
         format!("{line}\n"),
     );
     assert!(
