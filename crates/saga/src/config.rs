@@ -36,22 +36,27 @@ pub struct HttpLimits {
     /// is cut off with `408 request_timeout`, so a client that sends slowly cannot hold
     /// a connection and a slot. Longer than any wait a request may have (an
     /// `Idempotency-Key` in use, a slow provider on purpose).
-    #[arg(long, env = "HTTP_REQUEST_TIMEOUT", default_value = "30s",
+    #[arg(long, env = "HTTP_REQUEST_TIMEOUT", default_value = DEFAULT_REQUEST_TIMEOUT,
           value_parser = humantime::parse_duration)]
     pub http_request_timeout: Duration,
 
     /// Requests in progress at once; one more is refused at once with `503 overloaded`
     /// and `Retry-After`, rather than queued behind the others.
-    #[arg(long, env = "HTTP_MAX_CONCURRENT_REQUESTS", default_value_t = 256,
+    #[arg(long, env = "HTTP_MAX_CONCURRENT_REQUESTS", default_value_t = DEFAULT_MAX_CONCURRENT_REQUESTS,
           value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub http_max_concurrent_requests: usize,
 }
 
+const DEFAULT_REQUEST_TIMEOUT: &str = "30s";
+const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 256;
+
+/// The flags' defaults, for code that builds a service without parsing them.
 impl Default for HttpLimits {
     fn default() -> Self {
         Self {
-            http_request_timeout: Duration::from_secs(30),
-            http_max_concurrent_requests: 256,
+            http_request_timeout: humantime::parse_duration(DEFAULT_REQUEST_TIMEOUT)
+                .expect("the default parses"),
+            http_max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
         }
     }
 }
