@@ -25,7 +25,58 @@ KAFKA_HOME="$CACHE_DIR/kafka-$KAFKA_VERSION"
 KAFKA_LIBS="$KAFKA_HOME/libs"
 KAFKA_HOST=127.0.0.1
 KAFKA_PORT=9092
-KAFKA_BOOTSTRAP="$KAFKA_HOST:$KAFKA_PORT"
+# Kafka runs in one of two modes, chosen with the scripts' --brokers N (or
+# SAGA_KAFKA_BROKERS, which --brokers sets for whatever a script starts):
+#   1  the default: one broker on $KAFKA_PORT (deploy/kafka/server.properties),
+#      every topic with one replica;
+#   3  a cluster of three KRaft nodes, each a broker and a controller, on ports
+#      of their own (kafka_node_port) so that it can run beside the single
+#      broker; every topic with three replicas, two of which must hold a record
+#      before it is acknowledged (deploy/kafka/cluster.properties).
+KAFKA_CLUSTER_NODES=(1 2 3)
+
+# The client port and the controller port of node N of the cluster.
+kafka_node_port() {
+  echo $((9092 + 100 * $1))
+}
+kafka_node_controller_port() {
+  echo $((9093 + 100 * $1))
+}
+
+# Sets KAFKA_BROKER_COUNT and KAFKA_BOOTSTRAP (what every client is given: the
+# single broker, or the list of the cluster's three) for mode N.
+kafka_mode() {
+  case "$1" in
+    1) KAFKA_BOOTSTRAP="$KAFKA_HOST:$KAFKA_PORT" ;;
+    3)
+      local node addresses=()
+      for node in "${KAFKA_CLUSTER_NODES[@]}"; do
+        addresses+=("$KAFKA_HOST:$(kafka_node_port "$node")")
+      done
+      KAFKA_BOOTSTRAP="$(IFS=,; echo "${addresses[*]}")"
+      ;;
+    *) die "--brokers takes 1 (one broker) or 3 (a three-node cluster), not '$1'" ;;
+  esac
+  KAFKA_BROKER_COUNT=$1
+  export SAGA_KAFKA_BROKERS=$1
+}
+
+# Where one Kafka process keeps its state: NODE empty for the single broker, or
+# the node's number. Sets KAFKA_PID_FILE, KAFKA_STDOUT, KAFKA_DIR, KAFKA_DATA,
+# KAFKA_CONFIG and KAFKA_NODE_PORT.
+kafka_paths() {
+  local node="${1:-}" name=kafka
+  KAFKA_NODE_PORT=$KAFKA_PORT
+  if [[ -n "$node" ]]; then
+    name="kafka-node-$node"
+    KAFKA_NODE_PORT="$(kafka_node_port "$node")"
+  fi
+  KAFKA_PID_FILE="$RUN_DIR/$name.pid"
+  KAFKA_STDOUT="$RUN_DIR/$name.log"
+  KAFKA_DIR="$RUN_DIR/$name"
+  KAFKA_DATA="$KAFKA_DIR/data"
+  KAFKA_CONFIG="$KAFKA_DIR/server.properties"
+}
 # scripts/up --with-prometheus; the compose stack's Prometheus has the same port.
 PROMETHEUS_PORT=9090
 
@@ -88,6 +139,8 @@ tcp_open() {
   # shellcheck disable=SC2016 # $1 and $2 expand in the inner bash.
   timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$host" "$port" 2>/dev/null
 }
+
+kafka_mode "${SAGA_KAFKA_BROKERS:-1}"
 
 require_command() {
   local cmd="$1" hint="$2"

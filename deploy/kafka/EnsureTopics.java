@@ -2,12 +2,15 @@
 //
 // Usage (compiled, or as a Java 11+ single-file launch), with the Kafka jars
 // on the classpath:
-//   java -cp "libs/*" EnsureTopics.java BOOTSTRAP TIMEOUT_MS PARTITIONS TOPIC...
+//   java -cp "libs/*" EnsureTopics.java BOOTSTRAP TIMEOUT_MS NODE_IDS PARTITIONS TOPIC...
 //
 // One JVM with the AdminClient instead of one kafka-topics call per topic:
-// each CLI JVM costs 1-3 s on a small machine. Listing topics first also makes
-// this the readiness check of scripts/infra-up: it succeeds only once the
-// broker answers metadata requests.
+// each CLI JVM costs 1-3 s on a small machine. It is also the readiness check
+// of scripts/infra-up: it first waits until every node in NODE_IDS (comma
+// separated) is among the brokers the cluster serves with, then lists the
+// topics, which succeeds only once a broker answers metadata requests. The
+// replication factor is the brokers' default.replication.factor, which the
+// mode's properties file sets.
 
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -16,24 +19,31 @@ import java.util.Map;
 import java.util.Optional;
 import java.util.Properties;
 import java.util.Set;
+import java.util.stream.Collectors;
 import java.util.concurrent.ExecutionException;
 
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.common.Node;
+import org.apache.kafka.common.errors.InvalidReplicationFactorException;
+import org.apache.kafka.common.errors.RetriableException;
 import org.apache.kafka.common.errors.TopicExistsException;
 
 public class EnsureTopics {
     public static void main(String[] args) throws Exception {
-        if (args.length < 4) {
-            System.err.println("usage: EnsureTopics BOOTSTRAP TIMEOUT_MS PARTITIONS TOPIC...");
+        if (args.length < 5) {
+            System.err.println("usage: EnsureTopics BOOTSTRAP TIMEOUT_MS NODE_IDS PARTITIONS TOPIC...");
             System.exit(2);
         }
         String bootstrap = args[0];
         String timeoutMs = args[1];
-        int partitions = Integer.parseInt(args[2]);
-        List<String> wanted = Arrays.asList(args).subList(3, args.length);
+        Set<Integer> nodes = Arrays.stream(args[2].split(","))
+                .map(Integer::valueOf).collect(Collectors.toSet());
+        int partitions = Integer.parseInt(args[3]);
+        List<String> wanted = Arrays.asList(args).subList(4, args.length);
+        long deadline = System.currentTimeMillis() + Long.parseLong(timeoutMs);
 
         Properties props = new Properties();
         props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
@@ -46,39 +56,73 @@ public class EnsureTopics {
         props.put(AdminClientConfig.REQUEST_TIMEOUT_MS_CONFIG, "10000");
 
         try (Admin admin = Admin.create(props)) {
-            Set<String> existing = admin.listTopics().names().get();
-
-            List<NewTopic> missing = new ArrayList<>();
-            for (String topic : wanted) {
-                if (!existing.contains(topic)) {
-                    missing.add(new NewTopic(topic, Optional.of(partitions), Optional.empty()));
+            // A node restarted after a crash opens its port long before it has
+            // caught up with the cluster's metadata and is let serve again.
+            Set<Integer> serving = Set.of();
+            while (true) {
+                serving = admin.describeCluster().nodes().get().stream()
+                        .map(Node::id).collect(Collectors.toSet());
+                if (serving.containsAll(nodes)) {
+                    break;
                 }
+                if (System.currentTimeMillis() > deadline) {
+                    System.err.println("brokers serving: " + serving + "; waited for " + nodes);
+                    System.exit(1);
+                }
+                Thread.sleep(200);
             }
+
+            // A broker counted as serving may not be let host replicas for a
+            // moment yet (a new topic then cannot have its replicas): retried.
             List<String> created = new ArrayList<>();
-            for (Map.Entry<String, ? extends org.apache.kafka.common.KafkaFuture<Void>> result :
-                    admin.createTopics(missing).values().entrySet()) {
-                try {
-                    result.getValue().get();
-                    created.add(result.getKey());
-                } catch (ExecutionException e) {
-                    // Another process created it between our list and create.
-                    if (!(e.getCause() instanceof TopicExistsException)) {
-                        throw e;
+            List<NewTopic> missing;
+            while (true) {
+                Set<String> existing = admin.listTopics().names().get();
+                missing = new ArrayList<>();
+                for (String topic : wanted) {
+                    if (!existing.contains(topic)) {
+                        missing.add(new NewTopic(topic, Optional.of(partitions), Optional.empty()));
                     }
                 }
+                boolean retry = false;
+                for (Map.Entry<String, ? extends org.apache.kafka.common.KafkaFuture<Void>> result :
+                        admin.createTopics(missing).values().entrySet()) {
+                    try {
+                        result.getValue().get();
+                        created.add(result.getKey());
+                    } catch (ExecutionException e) {
+                        Throwable cause = e.getCause();
+                        if (cause instanceof TopicExistsException) {
+                            // Another process created it between our list and create.
+                        } else if ((cause instanceof InvalidReplicationFactorException
+                                || cause instanceof RetriableException)
+                                && System.currentTimeMillis() < deadline) {
+                            retry = true;
+                        } else {
+                            throw e;
+                        }
+                    }
+                }
+                if (!retry) {
+                    break;
+                }
+                Thread.sleep(200);
             }
 
             // A topic left over with another partition count changes how keys
             // map to partitions; say so rather than silently accept it.
             List<String> mismatched = new ArrayList<>();
+            Set<Integer> replicas = new java.util.TreeSet<>();
             for (TopicDescription d : admin.describeTopics(wanted).allTopicNames().get().values()) {
                 if (d.partitions().size() != partitions) {
                     mismatched.add(d.name() + " has " + d.partitions().size() + " partitions");
                 }
+                d.partitions().forEach(p -> replicas.add(p.replicas().size()));
             }
 
             System.out.println("topics created: " + (created.isEmpty() ? "none" : String.join(", ", created))
-                    + "; already present: " + (wanted.size() - created.size()));
+                    + "; already present: " + (wanted.size() - created.size())
+                    + "; replicas per partition: " + replicas + "; brokers serving: " + serving);
             if (!mismatched.isEmpty()) {
                 System.err.println("warning: expected " + partitions + " partitions, but "
                         + String.join("; ", mismatched));
