@@ -89,6 +89,11 @@ pub fn idempotent_producer(brokers: &str) -> ClientConfig {
     config
 }
 
+/// What a topic is created with: the brokers' `default.replication.factor`, which each
+/// mode's properties file sets (1 on the single broker, 3 on the cluster), so that a
+/// test's or the benchmark's topics are replicated as the saga's own are.
+pub const BROKER_DEFAULT_REPLICATION: TopicReplication<'static> = TopicReplication::Fixed(-1);
+
 /// Creates `topics` with `partitions` partitions each; existing ones are left alone.
 pub async fn create_topics(
     brokers: &str,
@@ -100,7 +105,7 @@ pub async fn create_topics(
         .create()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|name| NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
+        .map(|name| NewTopic::new(name, partitions, BROKER_DEFAULT_REPLICATION))
         .collect();
     for result in admin.create_topics(&new, &AdminOptions::new()).await? {
         match result {

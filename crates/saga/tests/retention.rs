@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic};
 use rdkafka::client::DefaultClientContext;
 use saga::retention::{CheckError, PRUNER_LOCK, Pace, Pruner, Target, Window, check_inbox_window};
 use saga_testkit::{TestDatabase, TestKafka};
@@ -226,8 +226,8 @@ async fn topic_with_retention(kafka: &TestKafka, name: &str, retention_ms: &str)
         .set("bootstrap.servers", &kafka.brokers)
         .create()
         .unwrap();
-    let new =
-        NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("retention.ms", retention_ms);
+    let new = NewTopic::new(&topic, 1, saga::kafka::BROKER_DEFAULT_REPLICATION)
+        .set("retention.ms", retention_ms);
     for result in admin
         .create_topics(&[new], &AdminOptions::new())
         .await
