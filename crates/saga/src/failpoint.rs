@@ -14,10 +14,12 @@
 //!   its `order.created` row and its idempotency key are written, before `COMMIT`. The
 //!   client gets no answer and retries; with the same key it places the order once.
 //!
-//! One is not a crash but a bug on purpose, to show what a guard is for:
+//! Two are not crashes but bugs on purpose, to show what a guard is for:
 //! [`FRESH_CHARGE_KEY`] makes payment-service send a new idempotency key on every call to
-//! the card provider, so that a lost answer followed by the retry charges twice, and the
-//! fault suite's checker must say so.
+//! the card provider, so that a lost answer followed by the retry charges twice, and
+//! [`RELAY_ACKS_ONE`] makes a relay trust a partition's leader alone, so that on a
+//! cluster a leader's death loses a published event; the fault suite's checker must say
+//! so.
 //!
 //! They are off unless the `FAILPOINTS` environment variable arms them when the service
 //! starts, in the syntax of the `fail` crate: `name=actions;name=actions`. The action
@@ -45,12 +47,19 @@ pub const API_BEFORE_COMMIT: &str = "api.before-commit";
 /// each call to the provider instead of the order's one.
 pub const FRESH_CHARGE_KEY: &str = "charge.fresh-key";
 
-const ALL: [&str; 5] = [
+/// Not a crash: armed (`return`) when a relay starts, its producer takes a write as
+/// acknowledged once the partition's leader has it (`acks=1`, idempotence off) instead of
+/// once the in-sync replicas do, so that a leader dying before its followers copied a
+/// record loses it after the relay marked its row published.
+pub const RELAY_ACKS_ONE: &str = "relay.acks-one";
+
+const ALL: [&str; 6] = [
     CONSUMER_AFTER_HANDLER,
     RELAY_AFTER_ACK,
     HANDLER_BEFORE_COMMIT,
     API_BEFORE_COMMIT,
     FRESH_CHARGE_KEY,
+    RELAY_ACKS_ONE,
 ];
 
 /// Arms the failpoints that `FAILPOINTS` names. An unknown name or a malformed action is

@@ -93,9 +93,13 @@ pub struct OutboxRelay {
 
 impl OutboxRelay {
     pub fn new(database_url: &str, brokers: &str, poll_interval: Duration) -> anyhow::Result<Self> {
+        let mut producer = crate::kafka::idempotent_producer(brokers);
+        if crate::failpoint::fires(crate::failpoint::RELAY_ACKS_ONE) {
+            producer.set("acks", "1").set("enable.idempotence", "false");
+        }
         Ok(Self {
             database: crate::db::parse_url(database_url)?,
-            producer: crate::kafka::idempotent_producer(brokers).create()?,
+            producer: producer.create()?,
             poll_interval,
             batch_size: 100,
         })
