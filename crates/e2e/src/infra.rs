@@ -1,12 +1,16 @@
-//! The shared infrastructure, handled the way an operator would: the Kafka broker and the
-//! PostgreSQL cluster stopped and started again, and the stock `kafka-consumer-groups`
-//! tool. Stopping either server affects everything on this machine, so only the fault
-//! suite, run on its own (`scripts/faults`), may use [`Outage`].
+//! The shared infrastructure, handled the way an operator would: the Kafka broker, the
+//! nodes of the three-node cluster and the PostgreSQL cluster stopped and started again,
+//! and the stock `kafka-consumer-groups` tool. Stopping any of them affects everything on
+//! this machine, so only the fault suite, run on its own (`scripts/faults`), may use
+//! [`Outage`] and [`Cluster`].
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use saga_testkit::eventually;
 
 /// The repository root.
@@ -128,11 +132,226 @@ pub fn infra_up() {
 }
 
 fn try_infra_up() -> bool {
+    try_infra_up_with(&[])
+}
+
+/// `scripts/infra-up` in the mode of `SAGA_KAFKA_BROKERS`, which the scripts set and pass
+/// on (`scripts/faults --brokers 3`).
+fn try_infra_up_with(args: &[&str]) -> bool {
     Command::new(root().join("scripts/infra-up"))
+        .args(args)
         .stdout(std::process::Stdio::null())
         .status()
         .expect("scripts/infra-up runs")
         .success()
+}
+
+/// The three-node cluster of `scripts/infra-up --brokers 3`, its nodes killed, stopped,
+/// frozen and started again one by one. Whatever a scenario leaves down or frozen (a
+/// failed assertion, say) is brought back when this is dropped.
+pub struct Cluster {
+    brokers: String,
+    metadata: BaseConsumer,
+    down: BTreeSet<i32>,
+    frozen: BTreeSet<i32>,
+}
+
+/// The cluster's node ids, as `KAFKA_CLUSTER_NODES` in `scripts/lib.sh`.
+pub const NODES: [i32; 3] = [1, 2, 3];
+
+impl Cluster {
+    /// The cluster the fault suite runs on; fails the test unless it runs on one
+    /// (`scripts/faults --brokers 3` sets `SAGA_KAFKA_BROKERS=3` and `KAFKA_BROKERS`).
+    pub fn expect(brokers: &str) -> Self {
+        assert_eq!(
+            std::env::var("SAGA_KAFKA_BROKERS").as_deref(),
+            Ok("3"),
+            "a cluster scenario: run it with scripts/faults --brokers 3"
+        );
+        let metadata = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()
+            .expect("a metadata client");
+        Self {
+            brokers: brokers.to_owned(),
+            metadata,
+            down: BTreeSet::new(),
+            frozen: BTreeSet::new(),
+        }
+    }
+
+    fn pid(node: i32) -> String {
+        let pid_file = run_dir().join(format!("kafka-node-{node}.pid"));
+        std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}; the cluster must be one scripts/infra-up --brokers 3 started",
+                    pid_file.display()
+                )
+            })
+            .trim()
+            .to_owned()
+    }
+
+    /// SIGKILLs `node` (a crash: no controlled shutdown, no leadership handed over) and
+    /// waits until the process is gone.
+    pub async fn kill(&mut self, node: i32) {
+        self.end(node, "-KILL").await;
+    }
+
+    /// SIGTERMs `node`, which hands its partitions' leadership over and closes its logs
+    /// cleanly (a rolling restart's stop), and waits until it has exited.
+    pub async fn terminate(&mut self, node: i32) {
+        self.end(node, "-TERM").await;
+    }
+
+    async fn end(&mut self, node: i32, signal: &str) {
+        let pid = Self::pid(node);
+        self.down.insert(node);
+        run("kill", &[signal, &pid]);
+        let proc = PathBuf::from(format!("/proc/{pid}"));
+        eventually(
+            Duration::from_secs(60),
+            &format!("Kafka node {node} (pid {pid}) to be gone"),
+            || {
+                let gone = !proc.exists();
+                async move { gone.then_some(()) }
+            },
+        )
+        .await;
+    }
+
+    /// SIGSTOPs `node`: it stops fetching from the leaders and answering anyone, yet
+    /// stays in every in-sync replica set until the controller fences it (after
+    /// `broker.session.timeout.ms`, 9 s), as a replica behind a long pause would.
+    pub fn freeze(&mut self, node: i32) {
+        self.frozen.insert(node);
+        run("kill", &["-STOP", &Self::pid(node)]);
+    }
+
+    pub fn thaw(&mut self, node: i32) {
+        run("kill", &["-CONT", &Self::pid(node)]);
+        self.frozen.remove(&node);
+    }
+
+    /// Starts `node` again (`scripts/infra-up --brokers 3 --node N`), which returns once
+    /// the cluster counts it among its brokers. A killed node first recovers its logs, so
+    /// a failed start is given a few more tries.
+    pub async fn start(&mut self, node: i32) {
+        let arg = node.to_string();
+        for _ in 0..4 {
+            let arg = arg.clone();
+            let started = tokio::task::spawn_blocking(move || {
+                try_infra_up_with(&["--brokers", "3", "--node", &arg])
+            })
+            .await
+            .unwrap();
+            if started {
+                self.down.remove(&node);
+                return;
+            }
+        }
+        panic!("scripts/infra-up could not start Kafka node {node}");
+    }
+
+    /// The leader of each partition of `topic` (-1 for none), as the cluster's metadata says.
+    pub async fn leaders(&self, topic: &str) -> Vec<i32> {
+        self.partitions(topic)
+            .await
+            .into_iter()
+            .map(|p| p.leader)
+            .collect()
+    }
+
+    /// Waits until every partition of every one of `topics` has a leader and all its
+    /// replicas in sync; returns how long that took.
+    pub async fn wait_in_sync(&self, topics: &[String], timeout: Duration) -> Duration {
+        let since = Instant::now();
+        eventually(
+            timeout,
+            &format!("every replica of {topics:?} to be back in sync"),
+            || async {
+                for topic in topics {
+                    let partitions = self.partitions(topic).await;
+                    if partitions.is_empty()
+                        || partitions
+                            .iter()
+                            .any(|p| p.leader < 0 || p.isr.len() < p.replicas)
+                    {
+                        return None;
+                    }
+                }
+                Some(())
+            },
+        )
+        .await;
+        since.elapsed()
+    }
+
+    /// Waits until no partition of `topic` is led by `node` or is without a leader;
+    /// returns how long that took.
+    pub async fn wait_led_without(&self, topic: &str, node: i32, timeout: Duration) -> Duration {
+        let since = Instant::now();
+        eventually(
+            timeout,
+            &format!("every partition of {topic} to be led by a node other than {node}"),
+            || async {
+                let leaders = self.leaders(topic).await;
+                (!leaders.is_empty() && leaders.iter().all(|l| *l >= 0 && *l != node)).then_some(())
+            },
+        )
+        .await;
+        since.elapsed()
+    }
+
+    async fn partitions(&self, topic: &str) -> Vec<PartitionState> {
+        // fetch_metadata blocks; a node that is down only makes it ask another.
+        let metadata = tokio::task::block_in_place(|| {
+            self.metadata
+                .fetch_metadata(Some(topic), Duration::from_secs(5))
+        });
+        let Ok(metadata) = metadata else {
+            return Vec::new();
+        };
+        metadata
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions())
+            .map(|p| PartitionState {
+                leader: p.leader(),
+                isr: p.isr().to_vec(),
+                replicas: p.replicas().len(),
+            })
+            .collect()
+    }
+
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+}
+
+struct PartitionState {
+    leader: i32,
+    isr: Vec<i32>,
+    replicas: usize,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in std::mem::take(&mut self.frozen) {
+            let _ = Command::new("kill")
+                .args(["-CONT", &Self::pid(node)])
+                .status();
+        }
+        if !self.down.is_empty() {
+            eprintln!("bringing Kafka nodes {:?} back after a failure", self.down);
+            for _ in 0..4 {
+                if try_infra_up_with(&["--brokers", "3"]) {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// The Debian cluster (version, name) listening on the tests' PostgreSQL port, from

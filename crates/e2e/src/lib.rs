@@ -117,13 +117,21 @@ impl Stack {
     /// Starts the provider and the three services, with `failpoints` (service,
     /// `FAILPOINTS` value) armed in some, and waits until each reports healthy.
     pub async fn start_with(failpoints: &[(&'static str, String)]) -> Self {
-        Self::start_configured(failpoints, &[]).await
+        Self::start_configured(failpoints, &[], 3).await
+    }
+
+    /// [`Stack::start_with`] on topics of `partitions` partitions each (three otherwise).
+    pub async fn start_with_partitions(
+        failpoints: &[(&'static str, String)],
+        partitions: i32,
+    ) -> Self {
+        Self::start_configured(failpoints, &[], partitions).await
     }
 
     /// Starts all three services with their inboxes pruned to a window of seconds
     /// ([`PRUNING_INBOX`]), on topics whose retention matches it.
     pub async fn start_pruning() -> Self {
-        Self::start_configured(&[], &PRUNING_INBOX).await
+        Self::start_configured(&[], &PRUNING_INBOX, 3).await
     }
 
     /// Whether the services prune their inboxes as they go ([`Stack::start_pruning`]).
@@ -131,9 +139,13 @@ impl Stack {
         self.env.iter().any(|(k, _)| k == "INBOX_RETENTION")
     }
 
-    async fn start_configured(failpoints: &[(&'static str, String)], env: &[(&str, &str)]) -> Self {
+    async fn start_configured(
+        failpoints: &[(&'static str, String)],
+        env: &[(&str, &str)],
+        partitions: i32,
+    ) -> Self {
         let (kafka, orders_db, payments_db, notifications_db, provider_db) = tokio::join!(
-            TestKafka::new(),
+            TestKafka::with_partitions(partitions),
             own_database(ORDER_SERVICE),
             own_database(PAYMENT_SERVICE),
             own_database(NOTIFICATION_SERVICE),

@@ -234,12 +234,18 @@ pub struct TestKafka {
 }
 
 impl TestKafka {
-    /// Creates every saga topic, dead-letter topics included, under a fresh namespace.
+    /// Creates every saga topic, dead-letter topics included, under a fresh namespace,
+    /// with three partitions each, as `scripts/infra-up` makes the saga's own.
     pub async fn new() -> Self {
+        Self::with_partitions(3).await
+    }
+
+    /// [`TestKafka::new`] with `partitions` partitions per topic.
+    pub async fn with_partitions(partitions: i32) -> Self {
         let brokers = kafka_brokers();
         let namespace = format!("t{}.", &Uuid::new_v4().simple().to_string()[..12]);
         let topics = Topics::new(&namespace);
-        saga::kafka::create_topics(&brokers, &topics.all(), 3)
+        saga::kafka::create_topics(&brokers, &topics.all(), partitions)
             .await
             .expect("Kafka is reachable (scripts/test starts it)");
         let producer = ClientConfig::new()
