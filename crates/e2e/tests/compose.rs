@@ -1,6 +1,7 @@
 //! docker-compose.yml against the code and the native scripts (scripts/lib.sh): both
 //! setups must run the same binaries with settings the binaries understand, on the same
-//! ports, with the same topics and databases. Nothing here needs Docker or the
+//! ports, with the same topics and databases; and docker-compose.cluster.yml against the
+//! native three-node cluster (scripts/infra-up --brokers 3). Nothing here needs Docker or the
 //! infrastructure: the files are parsed, and each binary's `--help` says what it reads.
 //!
 //! The binaries must be built first (`cargo build --bins`; `scripts/test` does it).
@@ -358,44 +359,57 @@ fn the_kafka_image_is_the_release_the_native_scripts_run() {
     }
 }
 
+/// Where a container's broker and a native one necessarily differ: addresses, the data
+/// folder, and (on the cluster) the node's own id.
+const PLACE_SPECIFIC: [&str; 8] = [
+    "listeners",
+    "advertised.listeners",
+    "listener.security.protocol.map",
+    "inter.broker.listener.name",
+    "controller.quorum.bootstrap.servers",
+    "controller.quorum.voters",
+    "log.dirs",
+    "node.id",
+];
+
 #[test]
 fn the_broker_is_configured_like_the_native_one() {
-    // Where the two necessarily differ: addresses and the data folder.
-    const PLACE_SPECIFIC: [&str; 7] = [
-        "listeners",
-        "advertised.listeners",
-        "listener.security.protocol.map",
-        "inter.broker.listener.name",
-        "controller.quorum.bootstrap.servers",
-        "controller.quorum.voters",
-        "log.dirs",
-    ];
     let compose = Compose::load();
     let env = environment(compose.service("kafka"));
-    let properties = read(&workspace_root().join("deploy/kafka/server.properties"));
-    let mut compared = 0;
+    assert_configured_like("kafka", &env, "deploy/kafka/server.properties");
+}
+
+/// Every setting of the native properties file `file` but the place-specific ones is
+/// the container's `KAFKA_<NAME>` variable, and the other way round.
+fn assert_configured_like(service: &str, env: &BTreeMap<String, String>, file: &str) {
+    let properties = read(&workspace_root().join(file));
+    let mut native = BTreeMap::new();
     for line in properties.lines().map(str::trim) {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let (key, value) = line
             .split_once('=')
-            .unwrap_or_else(|| panic!("deploy/kafka/server.properties: not key=value: {line}"));
-        if PLACE_SPECIFIC.contains(&key) {
-            continue;
+            .unwrap_or_else(|| panic!("{file}: not key=value: {line}"));
+        if !PLACE_SPECIFIC.contains(&key) {
+            // The image's convention: KAFKA_ and the property in upper case, `.` as `_`.
+            let variable = format!("KAFKA_{}", key.to_uppercase().replace('.', "_"));
+            native.insert(variable, value.to_owned());
         }
-        // The image's convention: KAFKA_ and the property in upper case, `.` as `_`.
-        let variable = format!("KAFKA_{}", key.to_uppercase().replace('.', "_"));
-        assert_eq!(
-            env.get(&variable).map(String::as_str),
-            Some(value),
-            "kafka's {variable} vs {key} in deploy/kafka/server.properties"
-        );
-        compared += 1;
     }
-    assert!(
-        compared > 0,
-        "nothing compared: has server.properties moved?"
+    assert!(!native.is_empty(), "nothing compared: has {file} moved?");
+    let place_specific: Vec<String> = PLACE_SPECIFIC
+        .iter()
+        .map(|key| format!("KAFKA_{}", key.to_uppercase().replace('.', "_")))
+        .collect();
+    let container: BTreeMap<String, String> = env
+        .iter()
+        .filter(|(k, _)| k.starts_with("KAFKA_") && !place_specific.contains(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(
+        container, native,
+        "{service}'s KAFKA_* settings vs {file} (less addresses and folders)"
     );
 }
 
@@ -617,6 +631,189 @@ fn the_dashboard_queries_every_metric_the_services_export_and_no_other() {
     assert_eq!(queried, exported, "queried on the dashboard vs exported");
 }
 
+// ------------------------------------------------------ docker-compose.cluster.yml
+
+/// The cluster's nodes in docker-compose.cluster.yml, in the order of
+/// `KAFKA_CLUSTER_NODES` in scripts/lib.sh: the main file's broker is node 1.
+const CLUSTER_NODES: [&str; 3] = ["kafka", "kafka-2", "kafka-3"];
+
+/// docker-compose.yml with docker-compose.cluster.yml laid over it, as
+/// `docker compose -f docker-compose.yml -f docker-compose.cluster.yml` merges them:
+/// environments key by key.
+struct ClusterCompose {
+    base: Compose,
+    overlay: Compose,
+}
+
+impl ClusterCompose {
+    fn load() -> Self {
+        Self {
+            base: Compose::load(),
+            overlay: Compose::load_file("docker-compose.cluster.yml"),
+        }
+    }
+
+    fn environment(&self, name: &str) -> BTreeMap<String, String> {
+        let mut env = self.base.find(name).map(environment).unwrap_or_default();
+        env.extend(self.overlay.find(name).map(environment).unwrap_or_default());
+        env
+    }
+
+    /// A setting of the overlay's, or else the main file's.
+    fn at(&self, name: &str, path: &[&str]) -> &YamlOwned {
+        self.overlay
+            .find(name)
+            .and_then(|s| s.get(path))
+            .or_else(|| self.base.find(name).and_then(|s| s.get(path)))
+            .unwrap_or_else(|| panic!("{name}: no {} in either compose file", path.join(".")))
+    }
+
+    /// (listener, host:port) of `node`'s advertised listeners.
+    fn advertised(&self, node: &str) -> Vec<(String, String)> {
+        listener_addresses(&env_var(
+            &self.environment(node),
+            node,
+            "KAFKA_ADVERTISED_LISTENERS",
+        ))
+    }
+
+    /// The port `node` listens on for `listener`.
+    fn listening_port(&self, node: &str, listener: &str) -> String {
+        let listeners = env_var(&self.environment(node), node, "KAFKA_LISTENERS");
+        listener_addresses(&listeners)
+            .into_iter()
+            .find(|(name, _)| name == listener)
+            .and_then(|(_, address)| address.rsplit(':').next().map(str::to_owned))
+            .unwrap_or_else(|| panic!("{node}: no {listener} listener in {listeners}"))
+    }
+}
+
+#[test]
+fn the_cluster_files_three_nodes_are_configured_like_the_native_cluster() {
+    let cluster = ClusterCompose::load();
+    let lib = LibSh::load();
+    let ids = lib.array("KAFKA_CLUSTER_NODES");
+    assert_eq!(
+        ids.len(),
+        CLUSTER_NODES.len(),
+        "KAFKA_CLUSTER_NODES vs the compose nodes"
+    );
+    let voters: Vec<String> = CLUSTER_NODES
+        .iter()
+        .zip(&ids)
+        .map(|(node, id)| format!("{id}@{node}:{}", cluster.listening_port(node, "CONTROLLER")))
+        .collect();
+    let version = lib.scalar("KAFKA_VERSION");
+    let mut cluster_ids = BTreeSet::new();
+    for (node, id) in CLUSTER_NODES.iter().zip(&ids) {
+        let env = cluster.environment(node);
+        assert_eq!(env_var(&env, node, "KAFKA_NODE_ID"), *id, "{node}: node id");
+        assert_eq!(
+            env_var(&env, node, "KAFKA_CONTROLLER_QUORUM_VOTERS"),
+            voters.join(","),
+            "{node}: every node a voter, at its controller listener"
+        );
+        cluster_ids.insert(env_var(&env, node, "CLUSTER_ID"));
+        assert_configured_like(node, &env, "deploy/kafka/cluster.properties");
+        assert_eq!(
+            text(cluster.at(node, &["image"])),
+            format!("apache/kafka:{version}"),
+            "{node}: image vs KAFKA_VERSION in scripts/lib.sh"
+        );
+        assert_eq!(
+            text(cluster.at(node, &["restart"])),
+            "unless-stopped",
+            "{node}: restart"
+        );
+    }
+    assert_eq!(
+        cluster_ids.len(),
+        1,
+        "one CLUSTER_ID for the three nodes: {cluster_ids:?}"
+    );
+}
+
+#[test]
+fn the_cluster_files_nodes_are_published_on_the_native_clusters_ports() {
+    static PORT: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"kafka_node_port\(\) \{\s*echo \$\(\((\d+) \+ (\d+) \* \$1\)\)").unwrap()
+    });
+    let cluster = ClusterCompose::load();
+    let lib = LibSh::load();
+    let formula = PORT
+        .captures(&lib.text)
+        .unwrap_or_else(|| lib.changed("kafka_node_port() { echo $((BASE + STEP * $1)) }"));
+    let (base, step): (u32, u32) = (formula[1].parse().unwrap(), formula[2].parse().unwrap());
+    for (node, id) in CLUSTER_NODES.iter().zip(lib.array("KAFKA_CLUSTER_NODES")) {
+        let native = (base + step * id.parse::<u32>().unwrap()).to_string();
+        let host = cluster.listening_port(node, "HOST");
+        assert_eq!(
+            port_pairs(cluster.at(node, &["ports"])),
+            vec![(native.clone(), host)],
+            "{node}: published ports (host, container) vs kafka_node_port {id} in scripts/lib.sh"
+        );
+        let address = format!("{}:{native}", lib.scalar("KAFKA_HOST"));
+        assert!(
+            cluster
+                .advertised(node)
+                .iter()
+                .any(|(l, a)| l == "HOST" && *a == address),
+            "{node} does not advertise {address} to the host's clients: {:?}",
+            cluster.advertised(node)
+        );
+    }
+}
+
+#[test]
+fn on_the_cluster_every_kafka_client_reaches_all_three_nodes_and_kafka_init_waits_for_them() {
+    let cluster = ClusterCompose::load();
+    let internal: BTreeSet<String> = CLUSTER_NODES
+        .iter()
+        .flat_map(|node| {
+            cluster
+                .advertised(node)
+                .into_iter()
+                .filter(|(listener, _)| listener == "INTERNAL")
+                .map(|(_, address)| address)
+        })
+        .collect();
+    assert_eq!(
+        internal.len(),
+        3,
+        "an internal listener per node: {internal:?}"
+    );
+    let mut clients = vec![("kafka-init".to_owned(), "BOOTSTRAP")];
+    clients.extend(
+        cluster
+            .base
+            .kafka_clients()
+            .map(|(name, _)| (name.to_owned(), "KAFKA_BROKERS")),
+    );
+    for (name, variable) in clients {
+        let brokers: BTreeSet<String> = env_var(&cluster.environment(&name), &name, variable)
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(
+            brokers, internal,
+            "{name}: {variable} vs the nodes' internal listeners"
+        );
+    }
+    for node in CLUSTER_NODES {
+        assert_eq!(
+            text(cluster.at("kafka-init", &["depends_on", node, "condition"])),
+            "service_healthy",
+            "kafka-init: depends_on {node} (a topic of three replicas needs three brokers)"
+        );
+    }
+    for (name, _) in cluster.overlay.services() {
+        assert!(
+            cluster.base.find(name).is_some() || CLUSTER_NODES.contains(&name),
+            "docker-compose.cluster.yml adds {name}, which is neither a node nor a service of docker-compose.yml"
+        );
+    }
+}
+
 // ------------------------------------------------------------------- compose file
 
 struct Compose {
@@ -625,7 +822,11 @@ struct Compose {
 
 impl Compose {
     fn load() -> Self {
-        let path = workspace_root().join("docker-compose.yml");
+        Self::load_file("docker-compose.yml")
+    }
+
+    fn load_file(name: &str) -> Self {
+        let path = workspace_root().join(name);
         let mut documents = YamlOwned::load_from_str(&read(&path))
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(documents.len(), 1, "{}: one YAML document", path.display());
@@ -644,10 +845,14 @@ impl Compose {
     }
 
     fn service(&self, name: &str) -> &YamlOwned {
+        self.find(name)
+            .unwrap_or_else(|| panic!("the compose file has no service {name}"))
+    }
+
+    fn find(&self, name: &str) -> Option<&YamlOwned> {
         self.services()
             .find(|(n, _)| *n == name)
-            .unwrap_or_else(|| panic!("docker-compose.yml has no service {name}"))
-            .1
+            .map(|(_, service)| service)
     }
 
     /// The services whose image is built from the project's Dockerfile.
@@ -717,6 +922,8 @@ fn text(node: &YamlOwned) -> String {
 fn strings(node: &YamlOwned) -> Vec<String> {
     match node {
         YamlOwned::Sequence(items) => items.iter().map(text).collect(),
+        // `!override`, `!reset`: what the value replaces is the overlay's business.
+        YamlOwned::Tagged(_, inner) => strings(inner),
         other => vec![text(other)],
     }
 }
@@ -746,7 +953,12 @@ fn env_var(env: &BTreeMap<String, String>, service: &str, name: &str) -> String 
 
 /// (host port, container port) of each `ports` entry, e.g. "127.0.0.1:8080:8080".
 fn published_ports(service: &YamlOwned) -> Vec<(String, String)> {
-    strings(service.at(&["ports"]))
+    port_pairs(service.at(&["ports"]))
+}
+
+/// (host port, container port) of each entry of a `ports` list.
+fn port_pairs(ports: &YamlOwned) -> Vec<(String, String)> {
+    strings(ports)
         .iter()
         .map(|spec| {
             let parts: Vec<&str> = spec.split(':').collect();
