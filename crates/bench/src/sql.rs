@@ -429,7 +429,12 @@ fn outbox(
 fn claim(event_id: String, topic: &str) -> Binding {
     Binding {
         starts_with: "INSERT INTO processed_events",
-        values: vec![event_id, text(topic), "2".into(), ":r % 1000000".into()],
+        values: vec![
+            event_id,
+            text(topic),
+            "2".into(),
+            ":r::bigint % 1000000".into(),
+        ],
     }
 }
 
