@@ -11,6 +11,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use axum::Router;
 use deadpool_postgres::Pool;
+use futures::future::BoxFuture;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -37,7 +38,13 @@ pub struct Service {
     /// Tables of the service's own that the pruner keeps short, beside the inbox and the
     /// outbox.
     also_pruned: Vec<Target>,
+    /// Tasks of the service's own, run with the others. In a mutex only so that the
+    /// service is `Sync` (a future is `Send` alone), as `run` holds it across awaits.
+    also_run: std::sync::Mutex<Vec<(&'static str, Task)>>,
 }
+
+/// A task of the service's own ([`Service::run_also`]).
+type Task = BoxFuture<'static, anyhow::Result<()>>;
 
 /// One topic this service consumes, and what applies its events.
 pub struct Subscription<H> {
@@ -76,12 +83,26 @@ impl Service {
             retention: retention.clone(),
             http_limits: http_limits.clone(),
             also_pruned: Vec::new(),
+            also_run: std::sync::Mutex::default(),
         })
     }
 
     /// Has the pruner keep `target` short too.
     pub fn prune_also(&mut self, target: Target) {
         self.also_pruned.push(target);
+    }
+
+    /// Runs `task` beside the HTTP server, the relay, the pruner and the consumer: it
+    /// should end at the shutdown they end at, and if it fails they are stopped too.
+    pub fn run_also(
+        &mut self,
+        name: &'static str,
+        task: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) {
+        self.also_run
+            .get_mut()
+            .expect("never poisoned: nothing panics holding it")
+            .push((name, Box::pin(task)));
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -150,6 +171,14 @@ impl Service {
             relay.run(relay_shutdown).await;
             Ok(())
         });
+        let also_run = std::mem::take(
+            self.also_run
+                .get_mut()
+                .expect("never poisoned: nothing panics holding it"),
+        );
+        for (name, task) in also_run {
+            tasks.spawn(name, task);
+        }
         if let Some(pruner) = pruner {
             let pruner_shutdown = shutdown.clone();
             tasks.spawn("pruner", async move {
