@@ -128,6 +128,11 @@ impl Stack {
         Self::start_configured(failpoints, &[], partitions).await
     }
 
+    /// [`Stack::start`] with `env` set for every service (each reads what it knows).
+    pub async fn start_with_env(env: &[(&str, &str)]) -> Self {
+        Self::start_configured(&[], env, 3).await
+    }
+
     /// Starts all three services with their inboxes pruned to a window of seconds
     /// ([`PRUNING_INBOX`]), on topics whose retention matches it.
     pub async fn start_pruning() -> Self {

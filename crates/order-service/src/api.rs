@@ -26,6 +26,7 @@ use uuid::Uuid;
 use saga::events::OrderItem;
 use utoipa::{OpenApi, ToSchema};
 
+use crate::admission::{Admission, Behind};
 use crate::orders::{self, Keyed, NewLine, Order, OrderStatus, PlaceOrderError, Placed};
 
 /// More than this many units of one product is a typo, not an order.
@@ -40,9 +41,15 @@ struct AppState {
     pool: Pool,
     topics: Topics,
     idempotency: IdempotencyConfig,
+    admission: Admission,
 }
 
-pub fn router(pool: Pool, topics: Topics, idempotency: IdempotencyConfig) -> Router {
+pub fn router(
+    pool: Pool,
+    topics: Topics,
+    idempotency: IdempotencyConfig,
+    admission: Admission,
+) -> Router {
     Router::new()
         .route(ORDERS, post(place_order))
         .route("/v1/orders/{id}", get(get_order))
@@ -54,6 +61,7 @@ pub fn router(pool: Pool, topics: Topics, idempotency: IdempotencyConfig) -> Rou
             pool,
             topics,
             idempotency,
+            admission,
         })
 }
 
@@ -171,8 +179,8 @@ pub struct ErrorDetail {
         (status = 422, description = "`invalid_field` (with `field`), `idempotency_key_reused`", body = ErrorBody),
         (status = 431, description = "`request_header_fields_too_large`", body = ErrorBody),
         (status = 500, description = "`internal`: a fault of the service, logged", body = ErrorBody),
-        (status = 503, description = "`unavailable` (the database is down) or `overloaded`; retry later", body = ErrorBody,
-         headers(("Retry-After" = String, description = "Seconds, with `overloaded`"))),
+        (status = 503, description = "`unavailable` (the database is down), `overloaded` (too many requests at once) or `saga_behind` (too many orders in flight: nothing placed); retry later", body = ErrorBody,
+         headers(("Retry-After" = String, description = "Seconds, with `overloaded` and `saga_behind`"))),
     )
 )]
 async fn place_order(
@@ -193,6 +201,9 @@ async fn place_order(
     });
     let request: PlaceOrder = decode(body)?;
     let lines = validate(&request)?;
+    // After the request's own checks, so that a wrong one is told what is wrong with it;
+    // before its transaction, so that a refused one stores nothing.
+    state.admission.admit().map_err(ApiError::SagaBehind)?;
     let placed = orders::place_order(
         &state.pool,
         &state.topics,
@@ -214,6 +225,7 @@ async fn place_order(
     let key = key.as_ref().map(IdempotencyKey::as_str);
     Ok(match placed {
         Placed::New { order, body } => {
+            state.admission.placed();
             tracing::info!(order_id = %order.id, amount_cents = order.amount_cents, idempotency_key = key, "order placed");
             idempotency::response(orders::CREATED, &location(order.id), body)
         }
@@ -381,6 +393,15 @@ pub enum ApiError {
     /// 404: no order with this id.
     #[error("no order {0}")]
     NotFound(Uuid),
+    /// 503: more orders are in flight than the saga settles in time (see
+    /// [`crate::admission`]); nothing is stored, and a retry after `Retry-After` may be
+    /// placed.
+    #[error(
+        "the saga is behind: {} orders in flight, past the limit of {}; nothing was placed, retry later",
+        .0.in_flight,
+        .0.limit
+    )]
+    SagaBehind(Behind),
     /// 503: the database cannot be reached; retrying later will work.
     #[error("database unavailable: {0}")]
     Unavailable(String),
@@ -446,6 +467,10 @@ impl IntoResponse for ApiError {
                 StatusCode::NOT_FOUND,
                 ErrorDetail::new("order_not_found", self.to_string()),
             ),
+            ApiError::SagaBehind(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorDetail::new("saga_behind", self.to_string()),
+            ),
             ApiError::Unavailable(error) => {
                 tracing::warn!(%error, "request failed: database unavailable");
                 (
@@ -462,9 +487,14 @@ impl IntoResponse for ApiError {
             }
         };
         let mut response = (status, axum::Json(ErrorBody { error: body })).into_response();
-        if matches!(self, ApiError::IdempotencyKeyInUse) {
-            // The first request has been running for the whole wait already; a second
-            // more is about as long as any request takes.
+        if matches!(
+            self,
+            ApiError::IdempotencyKeyInUse | ApiError::SagaBehind(_)
+        ) {
+            // In use: the first request has been running for the whole wait already; a
+            // second more is about as long as any request takes. Behind: the saga
+            // settles hundreds of orders a second, so a second frees room, and clients
+            // that all come back at once are refused again at no cost but a request.
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

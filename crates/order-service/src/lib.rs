@@ -6,7 +6,10 @@
 //! - [`apply_payment_result`]: consumes `payments` and moves the order to `confirmed` or
 //!   `cancelled`, exactly once, whatever the delivery layer repeats or reorders.
 //! - [`orders`]: the order aggregate's SQL.
+//! - [`admission`]: while the saga has too many orders in flight, new ones are refused
+//!   (`503 saga_behind`) rather than accepted to wait.
 
+pub mod admission;
 pub mod api;
 pub mod apply_payment_result;
 pub mod orders;
@@ -20,6 +23,8 @@ use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
 pub use apply_payment_result::ApplyPaymentResult;
+
+use crate::admission::{Admission, AdmissionConfig};
 
 pub const SERVICE: &str = "order-service";
 
@@ -49,6 +54,8 @@ pub struct Config {
     pub idempotency: IdempotencyConfig,
     #[command(flatten)]
     pub http: HttpLimits,
+    #[command(flatten)]
+    pub admission: AdmissionConfig,
     /// Where the order API and `/health` listen; port 0 picks a free port.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
@@ -57,6 +64,7 @@ pub struct Config {
 pub struct Application {
     service: Service,
     idempotency: IdempotencyConfig,
+    admission: AdmissionConfig,
 }
 
 impl Application {
@@ -77,6 +85,7 @@ impl Application {
         Ok(Self {
             service,
             idempotency: config.idempotency,
+            admission: config.admission,
         })
     }
 
@@ -84,9 +93,17 @@ impl Application {
         self.service.local_addr()
     }
 
-    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run_until_stopped(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
-        let router = api::router(self.service.pool.clone(), topics.clone(), self.idempotency);
+        let (admission, watcher) =
+            Admission::new(self.service.pool.clone(), &self.admission, shutdown.clone());
+        self.service.run_also("admission", watcher);
+        let router = api::router(
+            self.service.pool.clone(),
+            topics.clone(),
+            self.idempotency,
+            admission,
+        );
         let handler = ApplyPaymentResult::new(topics.clone());
         let subscription = Subscription {
             topic: topics.payments.clone(),

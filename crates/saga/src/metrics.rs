@@ -78,6 +78,9 @@ pub const CHARGE_REQUESTS: &str = "saga_charge_requests_total";
 pub const CHARGES: &str = "saga_charges_total";
 /// Calls a fault was applied to, by `kind` (`unavailable`, `slow`, `lose_response`).
 pub const CHARGE_FAULTS: &str = "saga_charge_faults_total";
+/// order-service's orders placed and not yet confirmed or cancelled, as admission control
+/// last counted them.
+pub const ORDERS_IN_FLIGHT: &str = "saga_orders_in_flight";
 
 /// Seconds: from a fraction of a millisecond (an answer from memory) to the 30 s a
 /// transient failure may last before the caller gives up.
@@ -180,6 +183,11 @@ fn describe() {
         "Charges the provider decided (replays decide none)"
     );
     describe_counter!(CHARGE_FAULTS, "Charge requests a fault was applied to");
+    describe_gauge!(
+        ORDERS_IN_FLIGHT,
+        Unit::Count,
+        "Orders placed and not yet confirmed or cancelled, which admission control caps"
+    );
 }
 
 /// `GET /metrics`: everything recorded so far, with the outbox gauges read just before

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use order_service::admission::AdmissionConfig;
 use order_service::{Application, Config};
 use reqwest::header::HeaderMap;
 use saga::config::{
@@ -63,6 +64,7 @@ pub fn config(db: &TestDatabase, kafka: &TestKafka, idempotency: IdempotencyConf
         retention: RetentionConfig::off(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         http: HttpLimits::default(),
+        admission: AdmissionConfig::default(),
     }
 }
 

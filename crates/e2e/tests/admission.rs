@@ -1,0 +1,143 @@
+//! Admission control through the real binaries: with payment-service held back, the
+//! order API accepts orders up to its cap of orders in flight, then refuses them (`503
+//! saga_behind`, `Retry-After`) without storing anything; once payment-service is back
+//! and the backlog drains, it accepts again, and every order accepted settles.
+
+use saga::metrics::ORDERS_IN_FLIGHT;
+use saga_e2e::{KEYBOARD, ORDER_SERVICE, PAYMENT_SERVICE, SETTLE, Stack};
+use saga_testkit::eventually;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// The cap this test runs order-service with, small so that a held-back consumer reaches
+/// it in moments.
+const CAP: usize = 12;
+
+/// Rounds of holding payment-service back and letting it go.
+const ROUNDS: usize = 3;
+
+struct Answer {
+    status: u16,
+    retry_after: Option<String>,
+    body: Value,
+}
+
+async fn post(stack: &Stack, key: &str) -> Answer {
+    let (http, base) = stack.api();
+    let response = http
+        .post(format!("{base}/v1/orders"))
+        .header("idempotency-key", format!("\"{key}\""))
+        .json(&json!({ "customer_id": "cust-1", "items": [{ "product_id": KEYBOARD, "quantity": 1 }] }))
+        .send()
+        .await
+        .expect("order-service answers");
+    Answer {
+        status: response.status().as_u16(),
+        retry_after: response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned()),
+        body: response.json().await.expect("a JSON body"),
+    }
+}
+
+async fn orders_stored(stack: &Stack) -> i64 {
+    stack
+        .database(ORDER_SERVICE)
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_payment_service_held_back_orders_past_the_cap_are_refused_and_accepted_again_once_it_catches_up()
+ {
+    let cap = CAP.to_string();
+    let mut stack = Stack::start_with_env(&[
+        ("ADMISSION_MAX_IN_FLIGHT", &cap),
+        ("ADMISSION_POLL_INTERVAL", "50ms"),
+    ])
+    .await;
+    let mut accepted: Vec<Uuid> = Vec::new();
+
+    for round in 0..ROUNDS {
+        // Each round from an empty saga, as order-service counts it.
+        for id in &accepted {
+            stack.settled_order(*id).await;
+        }
+        eventually(
+            SETTLE,
+            "order-service to count no order in flight",
+            || async {
+                let metrics = stack.metrics(ORDER_SERVICE).await;
+                (metrics.sum(ORDERS_IN_FLIGHT, &[]) == 0.0).then_some(())
+            },
+        )
+        .await;
+        assert!(
+            stack.terminate_service(PAYMENT_SERVICE).await,
+            "payment-service stops"
+        );
+        // The orders in flight from here on: none of them can move past payment-service.
+        for n in 0..CAP {
+            let answer = post(&stack, &format!("r{round}-{n}")).await;
+            assert_eq!(
+                answer.status, 201,
+                "order {n} of round {round}, under the cap: {}",
+                answer.body
+            );
+            accepted.push(answer.body["id"].as_str().unwrap().parse().unwrap());
+        }
+        let stored = orders_stored(&stack).await;
+        let refused = post(&stack, &format!("r{round}-refused")).await;
+        assert_eq!(refused.status, 503, "past the cap: {}", refused.body);
+        assert_eq!(
+            refused.body["error"]["code"], "saga_behind",
+            "{}",
+            refused.body
+        );
+        let message = refused.body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("{CAP} orders in flight"))
+                && message.contains(&format!("limit of {CAP}")),
+            "the refusal says how far behind: {message}"
+        );
+        assert_eq!(refused.retry_after.as_deref(), Some("1"), "Retry-After");
+        assert_eq!(
+            orders_stored(&stack).await,
+            stored,
+            "a refused order stores nothing"
+        );
+
+        stack.start_service(PAYMENT_SERVICE).await;
+        // The same key again: refused before, so nothing of it was kept, and once the
+        // backlog drains it places its order (201, not a replay).
+        let retried = eventually(SETTLE, "the order API to accept again", || async {
+            let answer = post(&stack, &format!("r{round}-refused")).await;
+            (answer.status == 201).then_some(answer)
+        })
+        .await;
+        assert!(
+            retried.body["status"] == "pending",
+            "a new order: {}",
+            retried.body
+        );
+        accepted.push(retried.body["id"].as_str().unwrap().parse().unwrap());
+    }
+
+    for id in &accepted {
+        assert_eq!(
+            stack.settled_order(*id).await["status"],
+            "confirmed",
+            "order {id}"
+        );
+    }
+    assert_eq!(
+        orders_stored(&stack).await,
+        accepted.len() as i64,
+        "every order accepted, and no other, is stored"
+    );
+}
