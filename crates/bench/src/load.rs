@@ -57,6 +57,9 @@ pub struct LoadResult {
     pub seconds: f64,
     /// Orders answered `201 Created`.
     pub placed: u64,
+    /// Requests refused with `503` and `Retry-After` (admission control's `saga_behind`,
+    /// or the HTTP edge's `overloaded`): nothing placed, come back later.
+    pub refused: u64,
     /// Requests answered otherwise, or not at all.
     pub failed: u64,
     /// Open loop: requests not started because too many were still in flight.
@@ -70,7 +73,26 @@ impl LoadResult {
     pub fn placed_per_second(&self) -> f64 {
         self.placed as f64 / self.seconds
     }
+
+    /// The share of answered requests that were refused, in percent.
+    pub fn refused_percent(&self) -> f64 {
+        match self.placed + self.refused {
+            0 => 0.0,
+            answered => self.refused as f64 * 100.0 / answered as f64,
+        }
+    }
 }
+
+/// How one request ended.
+enum Offer {
+    Placed,
+    /// Refused for now: come back after this.
+    Refused(Duration),
+    Failed,
+}
+
+/// The longest a client waits on a `Retry-After`, so that a step ends on time.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Requests one open-loop run keeps in flight at most; past it the server is not
 /// keeping up and more requests would only measure the generator's own queue.
@@ -106,7 +128,7 @@ impl LoadGenerator {
         })
     }
 
-    async fn place(&self, body: &str, keys: Keys, tag: &str) -> bool {
+    async fn place(&self, body: &str, keys: Keys, tag: &str) -> Offer {
         let mut request = self
             .client
             .post(&self.url)
@@ -116,9 +138,18 @@ impl LoadGenerator {
             let n = self.keys_sent.fetch_add(1, Ordering::Relaxed);
             request = request.header("idempotency-key", format!("{tag}-{n}"));
         }
-        match request.send().await {
-            Ok(response) => response.status() == reqwest::StatusCode::CREATED,
-            Err(_) => false,
+        let Ok(response) = request.send().await else {
+            return Offer::Failed;
+        };
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .map(|seconds| Duration::from_secs(seconds).min(MAX_RETRY_AFTER));
+        match (response.status(), retry_after) {
+            (reqwest::StatusCode::CREATED, _) => Offer::Placed,
+            (reqwest::StatusCode::SERVICE_UNAVAILABLE, Some(after)) => Offer::Refused(after),
+            _ => Offer::Failed,
         }
     }
 
@@ -152,6 +183,7 @@ impl LoadGenerator {
         let tag: Arc<str> = tag.into();
         let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
         let failed = Arc::new(AtomicU64::new(0));
+        let refused = Arc::new(AtomicU64::new(0));
         let remaining = Arc::new(AtomicU64::new(limit.unwrap_or(u64::MAX)));
         let started_at = OffsetDateTime::now_utc();
         let start = Instant::now();
@@ -164,7 +196,7 @@ impl LoadGenerator {
                     let generator = self.clone();
                     let (body, tag) = (body.clone(), tag.clone());
                     let latencies = latencies.clone();
-                    let failed = failed.clone();
+                    let (failed, refused) = (failed.clone(), refused.clone());
                     let remaining = remaining.clone();
                     clients.spawn(async move {
                         let mut mine = Vec::new();
@@ -176,15 +208,26 @@ impl LoadGenerator {
                                 .is_ok()
                         {
                             let sent = Instant::now();
-                            if generator.place(&body, keys, &tag).await {
-                                mine.push(sent.elapsed().as_micros() as u64);
-                            } else {
-                                // Not placed: another try is owed.
-                                remaining.fetch_add(1, Ordering::Relaxed);
-                                failed.fetch_add(1, Ordering::Relaxed);
-                                // A refused order comes back fast; do not spin on it.
-                                tokio::time::sleep(Duration::from_millis(10)).await;
-                            }
+                            let pause = match generator.place(&body, keys, &tag).await {
+                                Offer::Placed => {
+                                    mine.push(sent.elapsed().as_micros() as u64);
+                                    continue;
+                                }
+                                // As a client that honours the server: back when it says.
+                                Offer::Refused(after) => {
+                                    refused.fetch_add(1, Ordering::Relaxed);
+                                    after
+                                }
+                                // A failed order comes back fast; do not spin on it.
+                                Offer::Failed => {
+                                    failed.fetch_add(1, Ordering::Relaxed);
+                                    Duration::from_millis(10)
+                                }
+                            };
+                            // Not placed: another try is owed.
+                            remaining.fetch_add(1, Ordering::Relaxed);
+                            let until = (Instant::now() + pause).min(deadline);
+                            tokio::time::sleep_until(until.into()).await;
                         }
                         latencies.lock().await.extend(mine);
                     });
@@ -205,14 +248,22 @@ impl LoadGenerator {
                         let generator = self.clone();
                         let (body, tag) = (body.clone(), tag.clone());
                         let latencies = latencies.clone();
-                        let failed = failed.clone();
+                        let (failed, refused) = (failed.clone(), refused.clone());
                         let in_flight = in_flight.clone();
                         requests.spawn(async move {
-                            if generator.place(&body, keys, &tag).await {
-                                let latency = due.elapsed().as_micros() as u64;
-                                latencies.lock().await.push(latency);
-                            } else {
-                                failed.fetch_add(1, Ordering::Relaxed);
+                            // An open loop's customers do not come back: a refusal is
+                            // counted, not retried.
+                            match generator.place(&body, keys, &tag).await {
+                                Offer::Placed => {
+                                    let latency = due.elapsed().as_micros() as u64;
+                                    latencies.lock().await.push(latency);
+                                }
+                                Offer::Refused(_) => {
+                                    refused.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Offer::Failed => {
+                                    failed.fetch_add(1, Ordering::Relaxed);
+                                }
                             }
                             in_flight.fetch_sub(1, Ordering::Relaxed);
                         });
@@ -237,6 +288,7 @@ impl LoadGenerator {
             started_at,
             seconds,
             placed: post_latencies_us.len() as u64,
+            refused: refused.load(Ordering::Relaxed),
             failed: failed.load(Ordering::Relaxed),
             skipped,
             post_latencies_us,

@@ -445,17 +445,18 @@ impl Report {
             .collect();
         let _ = writeln!(md, "Settings: {}.\n", settings.join(", "));
 
-        md.push_str("| step | offered/s | placed/s | confirmed/s | notified/s | POST→confirmed p50 / p95 / p99 / max (ms) | →notified p50 / p99 (ms) | drain (s) | machine busy | load avg |\n");
-        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        md.push_str("| step | offered/s | placed/s | refused | confirmed/s | notified/s | POST→confirmed p50 / p95 / p99 / max (ms) | →notified p50 / p99 (ms) | drain (s) | machine busy | load avg |\n");
+        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
         for step in &self.steps {
             let o = &step.outcome;
             let _ = writeln!(
                 md,
-                "| {}{} | {} | {} | {} | {} | {} / {} / {} / {} | {} / {} | {} | {:.0}% | {} |",
+                "| {}{} | {} | {} | {:.0}% | {} | {} | {} / {} / {} / {} | {} / {} | {} | {:.0}% | {} |",
                 step.name,
                 if step.sustained { "" } else { " (behind)" },
                 fmt(step.offered_per_second),
                 fmt(step.load.placed_per_second()),
+                step.load.refused_percent(),
                 fmt(o.confirmed.per_second),
                 fmt(o.notified.per_second),
                 fmt(o.to_confirmed_ms.p50),

@@ -341,6 +341,7 @@ async fn load_step(
         post_ms: crate::measure::Percentiles::of_sorted_us(&load.post_latencies_us),
         sustained: outcome.unfinished == 0
             && load.failed == 0
+            && load.refused == 0
             && outcome.confirmed_drain_seconds <= SUSTAINED_DRAIN
             && outcome
                 .confirmed
@@ -354,9 +355,10 @@ async fn load_step(
         load_average: procs::load_average(),
     };
     log(format!(
-        "{}: placed {:.0}/s, confirmed {:.0}/s, notified {:.0}/s, POST→confirmed p50 {:.1} ms p99 {:.1} ms, drain {:.2} s{}",
+        "{}: placed {:.0}/s ({:.0}% refused), confirmed {:.0}/s, notified {:.0}/s, POST→confirmed p50 {:.1} ms p99 {:.1} ms, drain {:.2} s{}",
         step.name,
         step.load.placed_per_second(),
+        step.load.refused_percent(),
         step.outcome.confirmed.per_second,
         step.outcome.notified.per_second,
         step.outcome.to_confirmed_ms.p50,
@@ -415,7 +417,10 @@ async fn capacity(
         "capacity: placing {n} orders with every consumer stopped and the orders relay held"
     ));
     let hold = RelayHold::take(databases, Database::Orders).await?;
-    stack.start("order-service").await?;
+    // A backlog on purpose, which admission control would refuse past its cap.
+    stack
+        .start_with("order-service", &[("ADMISSION_MAX_IN_FLIGHT", "0")])
+        .await?;
     stack.usage();
     let tag = format!("bench{run_id}-backlog");
     // The backlog is placed in four parts, without and with an Idempotency-Key on every
