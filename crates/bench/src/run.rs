@@ -412,15 +412,18 @@ async fn capacity(
     let timeout = Duration::from_secs(300);
     let mut usage = BTreeMap::new();
     stack.stop_saga().await?;
+    // From here on the run builds backlogs on purpose, which admission control would
+    // refuse past its cap: every service started from now on has it off.
+    stack
+        .env
+        .extra
+        .push(("ADMISSION_MAX_IN_FLIGHT".to_owned(), "0".to_owned()));
 
     log(format!(
         "capacity: placing {n} orders with every consumer stopped and the orders relay held"
     ));
     let hold = RelayHold::take(databases, Database::Orders).await?;
-    // A backlog on purpose, which admission control would refuse past its cap.
-    stack
-        .start_with("order-service", &[("ADMISSION_MAX_IN_FLIGHT", "0")])
-        .await?;
+    stack.start("order-service").await?;
     stack.usage();
     let tag = format!("bench{run_id}-backlog");
     // The backlog is placed in four parts, without and with an Idempotency-Key on every
