@@ -39,7 +39,7 @@ pub struct AdmissionConfig {
     pub admission_poll_interval: Duration,
 }
 
-const DEFAULT_MAX_IN_FLIGHT: u64 = 500;
+const DEFAULT_MAX_IN_FLIGHT: u64 = 200;
 const DEFAULT_POLL_INTERVAL: &str = "200ms";
 
 /// The flags' defaults, for code that builds the service without parsing them.
