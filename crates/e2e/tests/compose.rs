@@ -96,9 +96,25 @@ fn the_topics_kafka_init_creates_are_those_of_the_native_scripts_and_the_code() 
         "kafka-init PARTITIONS vs KAFKA_TOPIC_PARTITIONS in scripts/lib.sh"
     );
 
+    assert_eq!(
+        env_var(&env, "kafka-init", "REPLICAS"),
+        env_var(
+            &environment(compose.service("kafka")),
+            "kafka",
+            "KAFKA_DEFAULT_REPLICATION_FACTOR"
+        ),
+        "kafka-init REPLICAS vs the broker's default replication factor"
+    );
+
     // The variables above count only if the command uses them.
     let command = strings(init.at(&["command"])).join(" ");
-    for needed in ["$$TOPICS", "$$PARTITIONS", "$$BOOTSTRAP", "--if-not-exists"] {
+    for needed in [
+        "$$TOPICS",
+        "$$PARTITIONS",
+        "$$BOOTSTRAP",
+        "$$REPLICAS",
+        "--if-not-exists",
+    ] {
         assert!(
             command.contains(needed),
             "kafka-init's command does not use {needed}: {command}"
@@ -800,6 +816,15 @@ fn on_the_cluster_every_kafka_client_reaches_all_three_nodes_and_kafka_init_wait
         );
     }
     for node in CLUSTER_NODES {
+        assert_eq!(
+            env_var(&cluster.environment("kafka-init"), "kafka-init", "REPLICAS"),
+            env_var(
+                &cluster.environment(node),
+                node,
+                "KAFKA_DEFAULT_REPLICATION_FACTOR"
+            ),
+            "kafka-init REPLICAS on the cluster vs {node}'s default replication factor"
+        );
         assert_eq!(
             text(cluster.at("kafka-init", &["depends_on", node, "condition"])),
             "service_healthy",
