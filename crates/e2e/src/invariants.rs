@@ -261,7 +261,8 @@ pub async fn wait_until_quiet(stack: &Stack, timeout: Duration) -> bool {
     .is_ok()
 }
 
-async fn outbox_counts(stack: &Stack) -> Vec<(i64, i64)> {
+/// Each service's outbox rows: (all, not yet published).
+pub async fn outbox_counts(stack: &Stack) -> Vec<(i64, i64)> {
     let mut counts = Vec::new();
     for service in SERVICES {
         let row = stack

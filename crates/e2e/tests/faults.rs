@@ -1094,21 +1094,11 @@ fn replicated_topics(stack: &Stack) -> Vec<String> {
 
 /// Rows every service's relay has marked published so far.
 async fn published(stack: &Stack) -> i64 {
-    let mut total = 0;
-    for service in SERVICES {
-        let row = stack
-            .database(service)
-            .client()
-            .await
-            .query_one(
-                "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
-                &[],
-            )
-            .await
-            .expect("the outbox can be read");
-        total += row.get::<_, i64>(0);
-    }
-    total
+    invariants::outbox_counts(stack)
+        .await
+        .iter()
+        .map(|(all, unpublished)| all - unpublished)
+        .sum()
 }
 
 /// How long a node may take to start and catch up on a loaded 2-core machine.
