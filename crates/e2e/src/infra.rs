@@ -180,8 +180,12 @@ impl Cluster {
         }
     }
 
+    fn pid_file(node: i32) -> PathBuf {
+        run_dir().join(format!("kafka-node-{node}.pid"))
+    }
+
     fn pid(node: i32) -> String {
-        let pid_file = run_dir().join(format!("kafka-node-{node}.pid"));
+        let pid_file = Self::pid_file(node);
         std::fs::read_to_string(&pid_file)
             .unwrap_or_else(|e| {
                 panic!(
@@ -338,10 +342,11 @@ struct PartitionState {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // No panic here: this may run while a failed assertion unwinds.
         for node in std::mem::take(&mut self.frozen) {
-            let _ = Command::new("kill")
-                .args(["-CONT", &Self::pid(node)])
-                .status();
+            if let Ok(pid) = std::fs::read_to_string(Self::pid_file(node)) {
+                let _ = Command::new("kill").args(["-CONT", pid.trim()]).status();
+            }
         }
         if !self.down.is_empty() {
             eprintln!("bringing Kafka nodes {:?} back after a failure", self.down);
