@@ -11,14 +11,18 @@
 //! order stuck for good (its event dead-lettered, waiting for a redrive) would hold up
 //! for ever: such an order counts one, until it settles.
 //!
-//! A watcher counts the pending orders every `ADMISSION_POLL_INTERVAL`; between two
-//! looks each order placed here counts one more, so a burst cannot overshoot the cap by
-//! a whole interval's worth. Another instance's orders are seen at the next look. An
-//! order accepted is never dropped: the check comes before the order's transaction, and
-//! a refused request stores nothing, its `Idempotency-Key` included.
+//! A watcher counts the pending orders every `ADMISSION_POLL_INTERVAL`; every order
+//! placed here since the count began counts one more, so a burst cannot overshoot the
+//! cap by an interval's worth, and a count that raced with a placement cannot forget it:
+//! an order committed while the count ran is counted twice until the next count (early
+//! by one refusal at worst), never not at all. Requests checked at the same moment may
+//! each take the last place (over by at most the requests in progress), and another
+//! instance's orders are seen at the next count. An order accepted is never dropped: the
+//! check comes before the order's transaction, and a refused request stores nothing, its
+//! `Idempotency-Key` included.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
@@ -57,7 +61,27 @@ impl Default for AdmissionConfig {
 #[derive(Clone)]
 pub struct Admission {
     limit: u64,
-    in_flight: Arc<AtomicU64>,
+    counts: Arc<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    /// Orders placed here since start.
+    placed: AtomicU64,
+    /// The last count of the database's pending orders, and `placed` as it was just
+    /// before that count began.
+    last: Mutex<(u64, u64)>,
+}
+
+impl Counts {
+    fn in_flight(&self) -> u64 {
+        let (counted, placed_then) = *self.last.lock().expect("never poisoned");
+        counted
+            + self
+                .placed
+                .load(Ordering::Relaxed)
+                .saturating_sub(placed_then)
+    }
 }
 
 /// The saga has more orders in flight than the cap.
@@ -81,7 +105,7 @@ impl Admission {
     ) {
         let admission = Self {
             limit: config.admission_max_in_flight,
-            in_flight: Arc::new(AtomicU64::new(0)),
+            counts: Arc::default(),
         };
         let watcher = watch(
             pool,
@@ -94,8 +118,11 @@ impl Admission {
 
     /// `Ok` if an order may be placed now.
     pub fn admit(&self) -> Result<(), Behind> {
-        let in_flight = self.in_flight.load(Ordering::Relaxed);
-        if self.limit == 0 || in_flight < self.limit {
+        if self.limit == 0 {
+            return Ok(());
+        }
+        let in_flight = self.counts.in_flight();
+        if in_flight < self.limit {
             Ok(())
         } else {
             Err(Behind {
@@ -105,9 +132,10 @@ impl Admission {
         }
     }
 
-    /// An order was placed here: one more in flight until the next count.
+    /// An order was placed here (its transaction committed): one more in flight until
+    /// a count that began after it.
     pub fn placed(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.counts.placed.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -127,9 +155,12 @@ async fn watch(
             () = shutdown.cancelled() => return Ok(()),
             _ = ticks.tick() => {}
         }
+        // Read before the count's snapshot is taken: an order placed after this may be
+        // in the count or not, and is added either way.
+        let placed_then = admission.counts.placed.load(Ordering::Relaxed);
         match count_in_flight(&pool).await {
             Ok(n) => {
-                admission.in_flight.store(n, Ordering::Relaxed);
+                *admission.counts.last.lock().expect("never poisoned") = (n, placed_then);
                 metrics::gauge!(saga::metrics::ORDERS_IN_FLIGHT).set(n as f64);
             }
             // The database down refuses orders by itself (503 `unavailable`); the last
@@ -155,8 +186,12 @@ mod tests {
     fn admission(limit: u64) -> Admission {
         Admission {
             limit,
-            in_flight: Arc::new(AtomicU64::new(0)),
+            counts: Arc::default(),
         }
+    }
+
+    fn counted(admission: &Admission, n: u64, placed_then: u64) {
+        *admission.counts.last.lock().unwrap() = (n, placed_then);
     }
 
     #[test]
@@ -168,15 +203,28 @@ mod tests {
         }
         let behind = admission.admit().unwrap_err();
         assert_eq!((behind.in_flight, behind.limit), (3, 3));
-        // The next count finds fewer: one settled meanwhile.
-        admission.in_flight.store(2, Ordering::Relaxed);
+        // A count begun after all three finds two: one settled meanwhile.
+        counted(&admission, 2, 3);
         assert!(admission.admit().is_ok());
+    }
+
+    #[test]
+    fn a_count_that_raced_with_a_placement_does_not_forget_it() {
+        let admission = admission(3);
+        admission.placed();
+        admission.placed();
+        // The count began after two placements; a third committed while it ran, after
+        // its snapshot: the count says 2, the third is still counted.
+        let placed_then = admission.counts.placed.load(Ordering::Relaxed);
+        admission.placed();
+        counted(&admission, 2, placed_then);
+        assert_eq!(admission.admit().unwrap_err().in_flight, 3);
     }
 
     #[test]
     fn a_cap_of_zero_admits_every_order() {
         let admission = admission(0);
-        admission.in_flight.store(u64::MAX, Ordering::Relaxed);
+        counted(&admission, u64::MAX, 0);
         assert!(admission.admit().is_ok());
     }
 }
