@@ -239,9 +239,16 @@ async fn no_password_shows_in_a_log_an_error_or_the_help() {
 
 #[test]
 fn everything_listening_natively_does_so_on_loopback() {
-    // The broker's listeners (deploy/kafka/server.properties) and PostgreSQL's, as
-    // scripts/infra-up started them; the services' defaults, from their own --help.
-    let ports = [5432, 9092, 9093];
+    // PostgreSQL's listener and the brokers' of the mode the tests run on (the single
+    // broker's, deploy/kafka/server.properties, or with SAGA_KAFKA_BROKERS=3 the three
+    // nodes' of cluster.properties), as scripts/infra-up started them; the services'
+    // defaults, from their own --help.
+    let kafka: &[u16] = if std::env::var("SAGA_KAFKA_BROKERS").as_deref() == Ok("3") {
+        &[9192, 9193, 9292, 9293, 9392, 9393]
+    } else {
+        &[9092, 9093]
+    };
+    let ports: Vec<u16> = std::iter::once(5432).chain(kafka.iter().copied()).collect();
     let mut seen = Vec::new();
     for (table, loopback) in [
         ("/proc/net/tcp", &["0100007F"][..]),
