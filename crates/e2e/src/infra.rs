@@ -150,7 +150,6 @@ fn try_infra_up_with(args: &[&str]) -> bool {
 /// frozen and started again one by one. Whatever a scenario leaves down or frozen (a
 /// failed assertion, say) is brought back when this is dropped.
 pub struct Cluster {
-    brokers: String,
     metadata: BaseConsumer,
     down: BTreeSet<i32>,
     frozen: BTreeSet<i32>,
@@ -173,7 +172,6 @@ impl Cluster {
             .create()
             .expect("a metadata client");
         Self {
-            brokers: brokers.to_owned(),
             metadata,
             down: BTreeSet::new(),
             frozen: BTreeSet::new(),
@@ -327,10 +325,6 @@ impl Cluster {
                 replicas: p.replicas().len(),
             })
             .collect()
-    }
-
-    pub fn brokers(&self) -> &str {
-        &self.brokers
     }
 }
 
