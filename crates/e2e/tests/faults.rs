@@ -1265,6 +1265,9 @@ async fn cluster_two_of_three_nodes_down_stops_every_write_the_api_keeps_accepti
 /// told those writes succeeded and sends them again; with `acks=1` (the failpoint
 /// [`failpoint::RELAY_ACKS_ONE`] in order-service) it was, and marked their rows
 /// published: those orders are lost.
+/// Orders placed while the followers are frozen: what only the leader holds when it dies.
+const FROZEN_FOR: usize = 20;
+
 async fn leader_killed_behind_frozen_followers(acks_one: bool) -> (Stack, Findings, String) {
     let failpoints = if acks_one {
         vec![(
@@ -1290,7 +1293,7 @@ async fn leader_killed_behind_frozen_followers(acks_one: bool) -> (Stack, Findin
     // Well within the 9 s after which the controller would fence a silent follower and
     // take it out of the in-sync set.
     let frozen_at = load.accepted();
-    load.reached(frozen_at + 20).await;
+    load.reached(frozen_at + FROZEN_FOR).await;
     cluster.kill(leader).await;
     for follower in &followers {
         cluster.thaw(*follower);
@@ -1308,7 +1311,7 @@ async fn leader_killed_behind_frozen_followers(acks_one: bool) -> (Stack, Findin
     let injected = format!(
         "relay acks={}: the two followers of node {leader} (leader of orders) frozen for {} orders, node {leader} SIGKILLed, followers thawed; led elsewhere after {}, started and back in sync after {}; {}",
         if acks_one { "1 (failpoint)" } else { "all" },
-        20,
+        FROZEN_FOR,
         seconds(&[failover]),
         seconds(&[rejoin]),
         retries_seen(&stack),
