@@ -146,6 +146,10 @@ impl<'ast> Visit<'ast> for Collector {
                 .iter()
                 .map(|s| s.ident.to_string())
                 .collect();
+            // `saga::Transaction::begin(&client)` opens one, like `client.transaction()`.
+            if segments.ends_with(&["Transaction".to_owned(), "begin".to_owned()]) {
+                self.transactional = true;
+            }
             if segments.ends_with(&["outbox".to_owned(), "enqueue".to_owned()])
                 && let Some(enqueue) = &self.enqueue
             {

@@ -9,10 +9,10 @@
 //!    rows: this customer was already told about this order; stop.
 //! 3. Enqueue `notification.sent` with id `<outcome event id>:notification`.
 
-use deadpool_postgres::{Pool, Transaction};
+use deadpool_postgres::Pool;
 use saga::events::{self, NotificationSent, OrderOutcome};
 use saga::outbox::{self, NewEvent};
-use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics};
+use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, Transaction};
 
 pub struct NotifyCustomer {
     topics: Topics,
@@ -98,8 +98,9 @@ pub async fn notify_customer(
     let text = message(outcome, confirmed);
     // Each statement is prepared once per pooled connection (`prepare_cached`), not on
     // every call: parsing and planning it again, and the extra round trip that takes,
-    // cost more than running it. The caller opened `tx` and commits it when this
-    // returns `Ok`, whatever the outcome.
+    // cost more than running it. The caller opened `tx` (its BEGIN goes out with the
+    // first statement) and commits it when this returns `Ok`, whatever the outcome; the
+    // writes whose result nothing reads go out with that COMMIT (`Transaction::pipeline`).
 
     // Guard 1: have we handled this very event before?
     let claimed = tx

@@ -11,10 +11,10 @@
 //!
 //! Only then: set the status and enqueue `order.confirmed` / `order.cancelled`.
 
-use deadpool_postgres::{Pool, Transaction};
+use deadpool_postgres::Pool;
 use saga::events::{self, OrderOutcome, PaymentResult};
 use saga::outbox::{self, NewEvent};
-use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics};
+use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, Transaction};
 
 use crate::orders::OrderStatus;
 
@@ -78,8 +78,9 @@ pub async fn apply_payment_result(
 ) -> Result<Outcome, HandlerError> {
     // Each statement is prepared once per pooled connection (`prepare_cached`), not on
     // every call: parsing and planning it again, and the extra round trip that takes,
-    // cost more than running it. The caller opened `tx` and commits it when this
-    // returns `Ok`, whatever the outcome.
+    // cost more than running it. The caller opened `tx` (its BEGIN goes out with the
+    // first statement) and commits it when this returns `Ok`, whatever the outcome; the
+    // writes whose result nothing reads go out with that COMMIT (`Transaction::pipeline`).
 
     // Guard 1: have we applied this very event before?
     let claimed = tx
@@ -131,14 +132,17 @@ pub async fn apply_payment_result(
         ),
         _ => None,
     };
-    tx.execute(
-        &tx.prepare_cached(
+    tx.pipeline(
+        tx.prepare_cached(
             "UPDATE orders SET status = $2, cancel_reason = $3, updated_at = now() WHERE id = $1",
         )
         .await?,
-        &[&payment.order_id, &decided.as_str(), &reason],
-    )
-    .await?;
+        vec![
+            Box::new(payment.order_id),
+            Box::new(decided.as_str()),
+            Box::new(reason.clone()),
+        ],
+    );
     let outcome_id = events::order_outcome_id(payment.order_id);
     let order_key = payment.order_id.to_string();
     outbox::enqueue(

@@ -24,10 +24,10 @@
 //!    `<order.created id>:payment`, so a redelivered `order.created` can only ever
 //!    produce the same result event.
 
-use deadpool_postgres::{Pool, Transaction};
+use deadpool_postgres::Pool;
 use saga::events::{self, OrderCreated, PaymentResult};
 use saga::outbox::{self, NewEvent};
-use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, failpoint};
+use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, Transaction, failpoint};
 use uuid::Uuid;
 
 use crate::provider::{Answer, ChargeRequest, Provider};
@@ -173,8 +173,9 @@ pub async fn charge_order(
 ) -> Result<Outcome, HandlerError> {
     // Each statement is prepared once per pooled connection (`prepare_cached`), not on
     // every call: parsing and planning it again, and the extra round trip that takes,
-    // cost more than running it. The caller opened `tx` and commits it when this
-    // returns `Ok`, whatever the outcome.
+    // cost more than running it. The caller opened `tx` (its BEGIN goes out with the
+    // first statement) and commits it when this returns `Ok`, whatever the outcome; the
+    // writes whose result nothing reads go out with that COMMIT (`Transaction::pipeline`).
 
     // Guard 1: have we handled this very event before?
     let claimed = tx

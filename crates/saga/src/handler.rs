@@ -10,11 +10,12 @@
 
 use std::future::Future;
 
-use deadpool_postgres::{Pool, Transaction};
+use deadpool_postgres::Pool;
 use futures::future::join_all;
 
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::failpoint;
+use crate::transaction::Transaction;
 
 /// What applying one event did. Every variant means "done": the offset may be committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,8 +202,8 @@ impl<H: Handler> Applier<H> {
             Step::Apply(prepared) => prepared,
             Step::Done(outcome) => return Ok(outcome),
         };
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let client = self.pool.get().await?;
+        let tx = Transaction::begin(&client);
         let outcome = self.handler.apply(&tx, event, prepared).await?;
         failpoint::crash_point(failpoint::HANDLER_BEFORE_COMMIT);
         tx.commit().await?;
@@ -254,8 +255,8 @@ impl<H: Handler> Applier<H> {
             .filter(|step| matches!(step, Step::Apply(_)))
             .count();
         let mut outcomes = Vec::with_capacity(events.len());
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let client = self.pool.get().await?;
+        let tx = Transaction::begin(&client);
         for (event, step) in events.iter().zip(steps) {
             outcomes.push(match step {
                 Step::Apply(prepared) => self.handler.apply(&tx, event, prepared).await?,

@@ -10,6 +10,8 @@
 //!   is retried ([`Retry`]).
 //! - [`consumer`]: the loop: per-partition order, offset stored after the handler,
 //!   optional batches, backoff, dead letters, graceful stop.
+//! - [`transaction`]: the handlers' [`Transaction`], pipelined: `BEGIN` goes out with the
+//!   first statement, and writes whose result nobody reads with the next one or `COMMIT`.
 //! - [`outbox`]: [`outbox::enqueue`] inside the handler's transaction, and the
 //!   [`OutboxRelay`] that publishes committed rows.
 //! - [`idempotency`]: the `Idempotency-Key` header, the request fingerprint and the
@@ -46,8 +48,10 @@ pub mod retention;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
+pub mod transaction;
 
 pub use envelope::{Delivery, Envelope, EnvelopeError};
 pub use handler::{Applier, Handler, HandlerError, Outcome, Retry, Step};
 pub use kafka::Topics;
 pub use outbox::OutboxRelay;
+pub use transaction::Transaction;

@@ -30,6 +30,7 @@ use crate::backoff;
 use crate::envelope::{Delivery, Envelope};
 use crate::failpoint;
 use crate::metrics;
+use crate::transaction::Transaction;
 
 /// An event to publish once the surrounding transaction commits.
 #[derive(Debug)]
@@ -50,11 +51,13 @@ pub struct NewEvent<'a, P: Serialize> {
 /// the `event_id` unique constraint: the database itself refuses to announce a
 /// deterministic event twice.
 ///
-/// The statement is prepared once per pooled connection, like the handlers' own: it runs
-/// in every transaction that changes state, so parsing it each time would cost a round
-/// trip per event.
-pub async fn enqueue<P: Serialize + std::fmt::Debug + Sync>(
-    tx: &deadpool_postgres::Transaction<'_>,
+/// Nothing reads the insert's result, so it is pipelined: it goes to the server with the
+/// transaction's next statement or its `COMMIT`, and its error, if any, comes back from
+/// there. The statement is prepared once per pooled connection, like the handlers' own:
+/// it runs in every transaction that changes state, so parsing it each time would cost a
+/// round trip per event.
+pub async fn enqueue<P: Serialize>(
+    tx: &Transaction<'_>,
     event: &NewEvent<'_, P>,
 ) -> Result<(), tokio_postgres::Error> {
     let insert = tx
@@ -63,18 +66,19 @@ pub async fn enqueue<P: Serialize + std::fmt::Debug + Sync>(
              VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .await?;
-    tx.execute(
-        &insert,
-        &[
-            &event.event_id,
-            &event.topic,
-            &event.key,
-            &event.event_type,
-            &Json(event.payload),
-            &event.caused_by,
+    let payload = serde_json::to_value(event.payload)
+        .expect("event payloads are plain structs and serialize");
+    tx.pipeline(
+        insert,
+        vec![
+            Box::new(event.event_id.to_owned()),
+            Box::new(event.topic.to_owned()),
+            Box::new(event.key.to_owned()),
+            Box::new(event.event_type.to_owned()),
+            Box::new(Json(payload)),
+            Box::new(event.caused_by.map(str::to_owned)),
         ],
-    )
-    .await?;
+    );
     Ok(())
 }
 

@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_postgres::{Pool, Transaction};
+use deadpool_postgres::Pool;
 use futures::future::BoxFuture;
 use rdkafka::message::Message;
 use saga::consumer::{self, ConsumerSettings};
-use saga::{Applier, Envelope, Handler, HandlerError, Outcome, Step};
+use saga::{Applier, Envelope, Handler, HandlerError, Outcome, Step, Transaction};
 use saga_testkit::{TestDatabase, TestKafka, eventually, header};
 use serde_json::json;
 use tokio::sync::Semaphore;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rdkafka::message::Message;
 use saga::outbox::{self, NewEvent};
-use saga::{Envelope, OutboxRelay};
+use saga::{Envelope, OutboxRelay, Transaction};
 use saga_testkit::{TestDatabase, TestKafka, eventually, header};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -14,8 +14,8 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// Enqueues an `order.created` with `event_id`, caused by the event `cause-<event_id>`.
 async fn enqueue(db: &TestDatabase, topic: &str, key: &str, event_id: &str) {
-    let mut client = db.client().await;
-    let tx = client.transaction().await.unwrap();
+    let client = db.client().await;
+    let tx = Transaction::begin(&client);
     outbox::enqueue(
         &tx,
         &NewEvent {
@@ -105,8 +105,8 @@ async fn a_rolled_back_transaction_publishes_nothing() {
     let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
     let topic = &kafka.topics.orders;
     {
-        let mut client = db.client().await;
-        let tx = client.transaction().await.unwrap();
+        let client = db.client().await;
+        let tx = Transaction::begin(&client);
         let event = NewEvent {
             event_id: "never",
             topic,
@@ -116,7 +116,9 @@ async fn a_rolled_back_transaction_publishes_nothing() {
             caused_by: None,
         };
         outbox::enqueue(&tx, &event).await.unwrap();
-        tx.rollback().await.unwrap();
+        // Sends the BEGIN and the pipelined insert with it; the drop then rolls back.
+        tx.execute("SELECT 1", &[]).await.unwrap();
+        drop(tx);
     }
     enqueue(&db, topic, "k", "committed").await;
     let (stop, task) = relay(&db, &kafka);
@@ -139,8 +141,8 @@ async fn a_second_event_with_the_same_id_is_refused_by_the_database() {
     let db = TestDatabase::saga_tables_only().await;
     enqueue(&db, "orders", "k", "o-1:outcome").await;
 
-    let mut client = db.client().await;
-    let tx = client.transaction().await.unwrap();
+    let client = db.client().await;
+    let tx = Transaction::begin(&client);
     let again = NewEvent {
         event_id: "o-1:outcome",
         topic: "orders",
@@ -149,7 +151,9 @@ async fn a_second_event_with_the_same_id_is_refused_by_the_database() {
         payload: &json!({}),
         caused_by: None,
     };
-    let error = outbox::enqueue(&tx, &again).await.unwrap_err();
+    outbox::enqueue(&tx, &again).await.unwrap();
+    // The insert is pipelined: its error is the commit's.
+    let error = tx.commit().await.unwrap_err();
 
     assert_eq!(
         error.code(),
