@@ -8,7 +8,8 @@
 //! - **Per-partition order, partitions in parallel.** Each partition has one worker task
 //!   fed through a channel, so its records are applied one at a time in offset order,
 //!   while other partitions proceed. This is what makes storing "offset N done" safe:
-//!   every record before N in that partition is done too.
+//!   every record before N in that partition is done too. A partition whose channel is
+//!   full is paused, never waited for, so a backlog on one does not hold up the others.
 //! - **Rebalances lose nothing.** librdkafka commits the stored offsets of revoked
 //!   partitions; a record still in a worker's hands when its partition moves is
 //!   redelivered to the new owner (and deduplicated there).
@@ -24,11 +25,14 @@
 //! - **Graceful stop.** On shutdown, workers stop *between* records, never inside a
 //!   handler; stored offsets are committed once more before the consumer closes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::metrics::{counter, gauge, histogram};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
@@ -50,8 +54,20 @@ use crate::failpoint;
 use crate::handler::{Applier, Handler, Retry};
 use crate::metrics;
 
-/// Records buffered per partition ahead of its worker. Small: the broker is the buffer.
-const PARTITION_QUEUE: usize = 64;
+/// Records buffered per partition ahead of its worker (about 1 KiB each).
+const PARTITION_QUEUE: usize = 1024;
+/// Room a paused partition's queue must have before it is resumed. Not the first free
+/// slot, which would pause and resume it once per record while a backlog drains; and
+/// with half the queue still to apply, its worker stays busy while librdkafka fetches
+/// again after the resume (up to a second, the first time, in the consumer tests).
+const RESUME_ROOM: usize = PARTITION_QUEUE / 2;
+/// The most the broker sends for one partition in one fetch (librdkafka's
+/// `max.partition.fetch.bytes`, default 1 MiB). Pausing a partition throws away what was
+/// fetched ahead for it, to be fetched again on resuming: small answers keep that waste
+/// to about a queue's worth. (Not `queued.min.messages`: a partition past that many is
+/// not fetched again for `fetch.queue.backoff.ms`, a second by default, and a paused one
+/// waited that long after every resume.)
+const PARTITION_FETCH_BYTES: &str = "65536";
 
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
@@ -182,6 +198,7 @@ pub async fn run<H: Handler>(
             // A new group starts at the beginning: no event written before it existed is lost.
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
+            .set("max.partition.fetch.bytes", PARTITION_FETCH_BYTES)
             // For the consumer-lag gauges; a few microseconds' work each time.
             .set("statistics.interval.ms", "5000")
             .create_with_context(SagaConsumerContext)?,
@@ -199,13 +216,18 @@ pub async fn run<H: Handler>(
     tracing::info!(topic = %settings.topic, group = %settings.group_id, "consumer started");
 
     let workers = TaskTracker::new();
-    // By partition alone: the consumer subscribes to one topic.
-    let mut queues: HashMap<i32, mpsc::Sender<OwnedMessage>> = HashMap::new();
+    let mut lanes = Lanes::new(consumer.clone(), &settings.topic);
     let mut errors = ErrorLog::default();
     loop {
         let received = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
+            Some((partition, open)) = lanes.room.next(), if !lanes.room.is_empty() => {
+                if !open || !lanes.refill(partition) {
+                    break;
+                }
+                continue;
+            }
             received = consumer.recv() => received.map(|m| m.detach()),
         };
         let message = match received {
@@ -226,19 +248,19 @@ pub async fn run<H: Handler>(
                 continue;
             }
         };
-        let queue = queues.entry(message.partition()).or_insert_with(|| {
+        let handed = lanes.hand(message, || {
             let (tx, rx) = mpsc::channel(PARTITION_QUEUE);
             workers.spawn(worker.clone().run(rx));
             tx
         });
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            sent = queue.send(message) => if sent.is_err() { break },
+        if !handed {
+            break;
         }
     }
 
-    // Closing the queues lets each worker finish the record it holds and stop.
-    drop(queues);
+    // Closing the queues lets each worker finish the record it holds and stop; records
+    // held back are dropped unapplied, their offsets unstored: they are redelivered.
+    drop(lanes);
     workers.close();
     workers.wait().await;
     let final_commit = consumer.clone();
@@ -253,6 +275,113 @@ pub async fn run<H: Handler>(
     }
     tracing::info!(topic = %settings.topic, "consumer stopped");
     Ok(())
+}
+
+/// The queue of each partition's worker, and the records held back for a partition
+/// whose queue is full.
+///
+/// The loop must never wait for one partition's queue: records arrive in the broker's
+/// answers, a partition's at a time, and while the loop waited for room in one queue no
+/// other partition got anything (a consumer draining a backlog applied its partitions one
+/// after another). So a record that finds its queue full is held back and its partition
+/// paused: librdkafka stops fetching it, drops what it had fetched ahead for it, and on
+/// resuming fetches again from the record after the last it delivered, which is the one
+/// held back here. The partition is resumed once its queue has room again.
+struct Lanes {
+    consumer: Arc<SagaConsumer>,
+    topic: String,
+    lanes: HashMap<i32, Lane>,
+    /// One future per paused partition: its queue has room (false: its worker is gone).
+    room: FuturesUnordered<BoxFuture<'static, (i32, bool)>>,
+}
+
+struct Lane {
+    queue: mpsc::Sender<OwnedMessage>,
+    /// Received for this partition but not yet in its queue, in offset order; not empty
+    /// exactly while the partition is paused.
+    held: VecDeque<OwnedMessage>,
+}
+
+impl Lanes {
+    fn new(consumer: Arc<SagaConsumer>, topic: &str) -> Self {
+        Self {
+            consumer,
+            topic: topic.to_owned(),
+            lanes: HashMap::new(),
+            room: FuturesUnordered::new(),
+        }
+    }
+
+    /// Puts `message` in its partition's queue (made with `spawn` on its partition's first
+    /// record), or holds it back; false if the partition's worker is gone.
+    fn hand(
+        &mut self,
+        message: OwnedMessage,
+        spawn: impl FnOnce() -> mpsc::Sender<OwnedMessage>,
+    ) -> bool {
+        let partition = message.partition();
+        let lane = self.lanes.entry(partition).or_insert_with(|| Lane {
+            queue: spawn(),
+            held: VecDeque::new(),
+        });
+        if !lane.held.is_empty() {
+            // Fetched before the pause took effect: it queues up behind the others.
+            lane.held.push_back(message);
+            return true;
+        }
+        match lane.queue.try_send(message) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(message)) => {
+                lane.held.push_back(message);
+                let queue = lane.queue.clone();
+                self.room.push(Box::pin(async move {
+                    (partition, queue.reserve_many(RESUME_ROOM).await.is_ok())
+                }));
+                self.set_paused(partition, true);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Moves the records held back for `partition` into its queue, which has room now, and
+    /// resumes it; false if its worker is gone.
+    fn refill(&mut self, partition: i32) -> bool {
+        let Some(lane) = self.lanes.get_mut(&partition) else {
+            return true;
+        };
+        while let Some(message) = lane.held.pop_front() {
+            match lane.queue.try_send(message) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(message)) => {
+                    lane.held.push_front(message);
+                    let queue = lane.queue.clone();
+                    self.room.push(Box::pin(async move {
+                        (partition, queue.reserve_many(RESUME_ROOM).await.is_ok())
+                    }));
+                    return true;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            }
+        }
+        self.set_paused(partition, false);
+        true
+    }
+
+    fn set_paused(&self, partition: i32, paused: bool) {
+        let mut partitions = TopicPartitionList::new();
+        partitions.add_partition(&self.topic, partition);
+        let done = if paused {
+            self.consumer.pause(&partitions)
+        } else {
+            self.consumer.resume(&partitions)
+        };
+        match done {
+            Ok(()) => tracing::debug!(partition, paused, "partition queue full or drained"),
+            // Revoked meanwhile: its new owner fetches it from the committed offset.
+            Err(error) => tracing::debug!(partition, paused, %error, "pause or resume refused"),
+        }
+    }
 }
 
 /// The span every line about one record is logged in; the fault suite finds each

@@ -273,6 +273,45 @@ async fn each_partition_is_applied_in_order_and_partitions_in_parallel() {
     run.stop().await;
 }
 
+/// A backlog waiting on every partition, longer than a partition's queue, is applied on
+/// all of them at once: every partition starts before any is half way through. (The loop
+/// once waited for room in the queue of the record in hand, and the partitions of a
+/// backlog were applied one after another.)
+#[tokio::test]
+async fn a_backlog_waiting_on_every_partition_is_applied_on_all_of_them_at_once() {
+    const EACH: usize = 1_500;
+    let kafka = TestKafka::new().await;
+    let records: Vec<(i32, Vec<u8>)> = (0..EACH)
+        .flat_map(|seq| {
+            (0..3).map(move |partition| (partition, event(&format!("p{partition}-{seq}"))))
+        })
+        .collect();
+    // Sent together: the producer keeps a partition's records in the order they are sent.
+    futures::future::join_all(records.iter().map(|(partition, record)| {
+        kafka.produce_to(&kafka.topics.orders, Some(*partition), None, record)
+    }))
+    .await;
+    let handler = Recorder::obedient();
+    let run = start(kafka, handler.clone()).await;
+
+    run.caught_up().await;
+
+    let applied = handler.applied();
+    assert_eq!(applied.len(), 3 * EACH);
+    let position = |id: String| applied.iter().position(|seen| *seen == id).unwrap();
+    let starts: Vec<usize> = (0..3).map(|p| position(format!("p{p}-0"))).collect();
+    let halves: Vec<usize> = (0..3)
+        .map(|p| position(format!("p{p}-{}", EACH / 2)))
+        .collect();
+    assert!(
+        starts.iter().max() < halves.iter().min(),
+        "a partition started only after another was half way through: first records at \
+         {starts:?}, middle records at {halves:?} of {} applied",
+        applied.len()
+    );
+    run.stop().await;
+}
+
 #[tokio::test]
 async fn an_offset_is_committed_only_after_its_handler_finished() {
     let release = Arc::new(Semaphore::new(0));
