@@ -217,6 +217,75 @@ pub struct ProviderCall {
     pub ceiling_vs_recorded: Option<f64>,
 }
 
+/// POST → `confirmed` p99 at half the highest sustained rate: a transaction per event,
+/// and in batches (ms).
+pub const HALF_LOAD_P99_TARGET_MS: f64 = 50.0;
+pub const HALF_LOAD_P99_BATCHED_TARGET_MS: f64 = 100.0;
+/// POST → `confirmed` p99 under closed loops of 8 and 32 clients, the excess refused (ms).
+pub const OVERLOAD_P99_TARGET_MS: f64 = 2_000.0;
+
+impl Report {
+    fn batched(&self) -> bool {
+        self.settings
+            .get("CONSUMER_BATCH_SIZE")
+            .is_some_and(|size| size != "1")
+    }
+
+    /// The latency figures that have targets, each against its own.
+    fn latency_targets(&self) -> String {
+        let mut md = String::from(
+            "\n| latency target | step | POST→confirmed p99 (ms) | refused | target |\n|---|---|---:|---:|---|\n",
+        );
+        let verdict = |p99: f64, target: f64| {
+            if p99 <= target {
+                format!("≤ {} ms met", fmt(target))
+            } else {
+                format!("≤ {} ms **missed**", fmt(target))
+            }
+        };
+        let half = self
+            .half_load_step
+            .as_ref()
+            .and_then(|name| self.steps.iter().find(|s| &s.name == name));
+        if let Some(step) = half {
+            let target = if self.batched() {
+                HALF_LOAD_P99_BATCHED_TARGET_MS
+            } else {
+                HALF_LOAD_P99_TARGET_MS
+            };
+            let p99 = step.outcome.to_confirmed_ms.p99;
+            let _ = writeln!(
+                md,
+                "| half load | {} | {} | {:.0}% | {} |",
+                step.name,
+                fmt(p99),
+                step.load.refused_percent(),
+                verdict(p99, target)
+            );
+        }
+        // The overload: 8 and 32 clients, each placing its next order as soon as
+        // the last is answered, more than the saga settles on this machine.
+        let overloading = |step: &&Step| {
+            step.name
+                .strip_prefix("closed c=")
+                .and_then(|clients| clients.parse::<u32>().ok())
+                .is_some_and(|clients| clients >= 8)
+        };
+        for step in self.steps.iter().filter(overloading) {
+            let p99 = step.outcome.to_confirmed_ms.p99;
+            let _ = writeln!(
+                md,
+                "| overload, nothing lost | {} | {} | {:.0}% | {} |",
+                step.name,
+                fmt(p99),
+                step.load.refused_percent(),
+                verdict(p99, OVERLOAD_P99_TARGET_MS)
+            );
+        }
+        md
+    }
+}
+
 impl ProviderCall {
     pub fn new(
         capacity: &Capacity,
@@ -471,6 +540,8 @@ impl Report {
             );
         }
 
+        md.push_str(&self.latency_targets());
+
         if let Some(step) = self
             .half_load_step
             .as_ref()
@@ -586,7 +657,15 @@ impl Report {
             fmt(self.max_sustained_per_second)
         );
 
-        md.push_str("\n| service | CPU (s, whole run) | peak RSS (MiB) | ≤ 64 MiB | applied | duplicates absorbed | guarded |\n");
+        let rss_target = self
+            .services
+            .values()
+            .next()
+            .map_or(0.0, |s| s.rss_target_mib);
+        let _ = writeln!(
+            md,
+            "\n| service | CPU (s, whole run) | peak RSS (MiB) | ≤ {rss_target:.0} MiB | applied | duplicates absorbed | guarded |"
+        );
         md.push_str("|---|---:|---:|---|---:|---:|---:|\n");
         for (name, s) in &self.services {
             let count = |k: &str| s.outcomes.get(k).copied().unwrap_or(0);

@@ -126,8 +126,14 @@ const SERVICES: [&str; 3] = ["order-service", "payment-service", "notification-s
 /// (no Kafka, no inbox, no backlog of its own): it starts before the services, stops
 /// after them, and stays up while the capacity phase holds their backlogs back.
 const PROVIDER: &str = payment_provider::SERVICE;
-/// The peak resident memory the issue allows each service.
-const RSS_TARGET_MIB: f64 = 64.0;
+/// The peak resident memory each service is allowed, with every feature on.
+const RSS_TARGET_MIB: f64 = 32.0;
+/// Each consumer's rate, a transaction per event, against pgbench's on its transaction.
+const CONSUMER_TARGET: f64 = 0.85;
+/// The saga's highest sustained rate against the ceiling: a transaction per event, and
+/// in batches (against the same per-event ceiling).
+const END_TO_END_TARGET: f64 = 0.80;
+const END_TO_END_BATCHED_TARGET: f64 = 1.50;
 /// A step whose last order is confirmed later than this after the last POST fell behind.
 const SUSTAINED_DRAIN: f64 = 2.0;
 /// A step that confirmed and notified less than this share of the orders placed per
@@ -1239,7 +1245,7 @@ fn assemble(
             ),
             capacity.charge.per_second,
             provider_call.ceiling_with_call,
-            Some(0.70),
+            Some(CONSUMER_TARGET),
         ),
         Ratio::new(
             format!(
@@ -1257,7 +1263,7 @@ fn assemble(
             ),
             capacity.apply.per_second,
             rate("apply"),
-            Some(0.70),
+            Some(CONSUMER_TARGET),
         ),
         Ratio::new(
             format!(
@@ -1266,7 +1272,7 @@ fn assemble(
             ),
             capacity.notify.per_second,
             rate("notify"),
-            Some(0.70),
+            Some(CONSUMER_TARGET),
         ),
         Ratio::new(
             format!("POST /v1/orders alone ({} conns)", connections("create")),
@@ -1308,7 +1314,11 @@ fn assemble(
             "end to end, orders confirmed and notified",
             max_sustained_per_second,
             ceiling_orders_per_second,
-            Some(0.50),
+            Some(if settings.consumer_batch > 1 {
+                END_TO_END_BATCHED_TARGET
+            } else {
+                END_TO_END_TARGET
+            }),
         ),
     ];
 
