@@ -271,6 +271,28 @@ pub fn relay_lock() -> anyhow::Result<i64> {
     bail!("no `const RELAY_LOCK: i64 = <literal>` in {}", OUTBOX.path)
 }
 
+/// The relay's session's `synchronous_commit` (`RELAY_SYNCHRONOUS_COMMIT` in outbox.rs),
+/// which pgbench's relay run is given too, so the ceiling commits its marks as the relay
+/// does.
+pub fn relay_synchronous_commit() -> anyhow::Result<String> {
+    let file = syn::parse_file(OUTBOX.text).context("parsing outbox.rs")?;
+    for item in file.items {
+        if let syn::Item::Const(constant) = item
+            && constant.ident == "RELAY_SYNCHRONOUS_COMMIT"
+            && let syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(value),
+                ..
+            }) = &*constant.expr
+        {
+            return Ok(value.value());
+        }
+    }
+    bail!(
+        "no `const RELAY_SYNCHRONOUS_COMMIT: &str = <literal>` in {}",
+        OUTBOX.path
+    )
+}
+
 /// Collapses runs of whitespace, so statements compare and print on one line.
 pub fn one_line(sql: &str) -> String {
     sql.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -1020,6 +1042,7 @@ mod tests {
     #[test]
     fn the_relay_lock_is_read_from_the_outbox() {
         relay_lock().unwrap();
+        assert_eq!(relay_synchronous_commit().unwrap(), "off");
     }
 
     #[test]
