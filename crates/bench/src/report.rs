@@ -236,12 +236,17 @@ impl Report {
         let mut md = String::from(
             "\n| latency target | step | POST→confirmed p99 (ms) | refused | target |\n|---|---|---:|---:|---|\n",
         );
-        let verdict = |p99: f64, target: f64| {
-            if p99 <= target {
-                format!("≤ {} ms met", fmt(target))
-            } else {
-                format!("≤ {} ms **missed**", fmt(target))
-            }
+        let mut row = |label: &str, step: &Step, target: f64| {
+            let p99 = step.outcome.to_confirmed_ms.p99;
+            let verdict = if p99 <= target { "met" } else { "**missed**" };
+            let _ = writeln!(
+                md,
+                "| {label} | {} | {} | {:.0}% | ≤ {} ms {verdict} |",
+                step.name,
+                fmt(p99),
+                step.load.refused_percent(),
+                fmt(target)
+            );
         };
         let half = self
             .half_load_step
@@ -253,15 +258,7 @@ impl Report {
             } else {
                 HALF_LOAD_P99_TARGET_MS
             };
-            let p99 = step.outcome.to_confirmed_ms.p99;
-            let _ = writeln!(
-                md,
-                "| half load | {} | {} | {:.0}% | {} |",
-                step.name,
-                fmt(p99),
-                step.load.refused_percent(),
-                verdict(p99, target)
-            );
+            row("half load", step, target);
         }
         // The overload: 8 and 32 clients, each placing its next order as soon as
         // the last is answered, more than the saga settles on this machine.
@@ -272,15 +269,7 @@ impl Report {
                 .is_some_and(|clients| clients >= 8)
         };
         for step in self.steps.iter().filter(overloading) {
-            let p99 = step.outcome.to_confirmed_ms.p99;
-            let _ = writeln!(
-                md,
-                "| overload, nothing lost | {} | {} | {:.0}% | {} |",
-                step.name,
-                fmt(p99),
-                step.load.refused_percent(),
-                verdict(p99, OVERLOAD_P99_TARGET_MS)
-            );
+            row("overload, nothing lost", step, OVERLOAD_P99_TARGET_MS);
         }
         md
     }

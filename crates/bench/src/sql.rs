@@ -256,41 +256,37 @@ pub fn functions_with_sql(source: &Source) -> anyhow::Result<Vec<(String, Extrac
 /// The advisory lock the active outbox relay holds (`RELAY_LOCK` in outbox.rs). The
 /// benchmark takes it to hold a relay back while a backlog builds up.
 pub fn relay_lock() -> anyhow::Result<i64> {
-    let file = syn::parse_file(OUTBOX.text).context("parsing outbox.rs")?;
-    for item in file.items {
-        if let syn::Item::Const(constant) = item
-            && constant.ident == "RELAY_LOCK"
-            && let syn::Expr::Lit(syn::ExprLit {
-                lit: syn::Lit::Int(value),
-                ..
-            }) = &*constant.expr
-        {
-            return Ok(value.base10_parse()?);
-        }
+    match outbox_constant("RELAY_LOCK")? {
+        syn::Lit::Int(value) => Ok(value.base10_parse()?),
+        _ => bail!("`RELAY_LOCK` in {} is not an integer", OUTBOX.path),
     }
-    bail!("no `const RELAY_LOCK: i64 = <literal>` in {}", OUTBOX.path)
 }
 
 /// The relay's session's `synchronous_commit` (`RELAY_SYNCHRONOUS_COMMIT` in outbox.rs),
 /// which pgbench's relay run is given too, so the ceiling commits its marks as the relay
 /// does.
 pub fn relay_synchronous_commit() -> anyhow::Result<String> {
+    match outbox_constant("RELAY_SYNCHRONOUS_COMMIT")? {
+        syn::Lit::Str(value) => Ok(value.value()),
+        _ => bail!(
+            "`RELAY_SYNCHRONOUS_COMMIT` in {} is not a string",
+            OUTBOX.path
+        ),
+    }
+}
+
+/// The literal value of `const <name>` in outbox.rs.
+fn outbox_constant(name: &str) -> anyhow::Result<syn::Lit> {
     let file = syn::parse_file(OUTBOX.text).context("parsing outbox.rs")?;
     for item in file.items {
         if let syn::Item::Const(constant) = item
-            && constant.ident == "RELAY_SYNCHRONOUS_COMMIT"
-            && let syn::Expr::Lit(syn::ExprLit {
-                lit: syn::Lit::Str(value),
-                ..
-            }) = &*constant.expr
+            && constant.ident == name
+            && let syn::Expr::Lit(syn::ExprLit { lit, .. }) = *constant.expr
         {
-            return Ok(value.value());
+            return Ok(lit);
         }
     }
-    bail!(
-        "no `const RELAY_SYNCHRONOUS_COMMIT: &str = <literal>` in {}",
-        OUTBOX.path
-    )
+    bail!("no `const {name}: … = <literal>` in {}", OUTBOX.path)
 }
 
 /// Collapses runs of whitespace, so statements compare and print on one line.
