@@ -161,8 +161,9 @@ pub trait Handler: Send + Sync + 'static {
     /// a call may therefore happen more than once for one event (a crash or a failed
     /// commit after it, a redelivery, a retry), so it must be one the other side makes
     /// idempotent, with a key derived from the event. It may read `pool` first, so that a
-    /// known duplicate makes no call at all. An error is retried like any other: the
-    /// whole event again, `prepare` included.
+    /// known duplicate makes no call at all; as a shortcut only, since the consumer runs
+    /// it while the event before it in the partition may still be applied. An error is
+    /// retried like any other: the whole event again, `prepare` included.
     fn prepare(
         &self,
         pool: &Pool,
@@ -195,10 +196,28 @@ impl<H: Handler> Applier<H> {
 
     /// Applies `event` in a transaction of its own.
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, HandlerError> {
-        let Some(command) = self.handler.decode(event)? else {
-            return Ok(Outcome::Ignored);
-        };
-        let prepared = match self.handler.prepare(&self.pool, event, command).await? {
+        let step = self.prepare(event).await?;
+        self.apply_prepared(event, step).await
+    }
+
+    /// What of [`apply`](Self::apply) happens before the transaction: the event decoded
+    /// and [prepared](Handler::prepare). The consumer runs it for a partition's next event
+    /// while this one's transaction is under way.
+    pub async fn prepare(&self, event: &Envelope) -> Result<Step<H::Prepared>, HandlerError> {
+        match self.handler.decode(event)? {
+            Some(command) => self.handler.prepare(&self.pool, event, command).await,
+            None => Ok(Step::Done(Outcome::Ignored)),
+        }
+    }
+
+    /// The rest of [`apply`](Self::apply): `step`, from [`prepare`](Self::prepare) of the
+    /// same event, applied in a transaction of its own.
+    pub async fn apply_prepared(
+        &self,
+        event: &Envelope,
+        step: Step<H::Prepared>,
+    ) -> Result<Outcome, HandlerError> {
+        let prepared = match step {
             Step::Apply(prepared) => prepared,
             Step::Done(outcome) => return Ok(outcome),
         };

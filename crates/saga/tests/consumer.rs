@@ -12,7 +12,7 @@ use saga::consumer::{self, ConsumerSettings};
 use saga::{Applier, Envelope, Handler, HandlerError, Outcome, Step, Transaction};
 use saga_testkit::{TestDatabase, TestKafka, eventually, header};
 use serde_json::json;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -29,6 +29,8 @@ type Behaviour =
 struct Recorder(Arc<RecorderState>);
 
 struct RecorderState {
+    /// Every event prepared, in the order their prepares began.
+    prepared: watch::Sender<Vec<String>>,
     applied: Mutex<Vec<String>>,
     attempts: Mutex<BTreeMap<String, u32>>,
     behaviour: Box<Behaviour>,
@@ -41,7 +43,19 @@ impl Recorder {
         + Sync
         + 'static,
     ) -> Self {
+        Self::watching(behaviour, watch::Sender::default())
+    }
+
+    /// Like [`Recorder::new`], and every prepare is told to `prepared`'s receivers.
+    fn watching(
+        behaviour: impl Fn(Envelope, u32) -> BoxFuture<'static, Result<Outcome, HandlerError>>
+        + Send
+        + Sync
+        + 'static,
+        prepared: watch::Sender<Vec<String>>,
+    ) -> Self {
         Self(Arc::new(RecorderState {
+            prepared,
             applied: Mutex::default(),
             attempts: Mutex::default(),
             behaviour: Box::new(behaviour),
@@ -71,6 +85,10 @@ impl Recorder {
         (handler, entered, release)
     }
 
+    fn prepared(&self) -> Vec<String> {
+        self.0.prepared.borrow().clone()
+    }
+
     fn applied(&self) -> Vec<String> {
         self.0.applied.lock().unwrap().clone()
     }
@@ -94,7 +112,10 @@ impl Handler for Recorder {
         Ok(Some(()))
     }
 
-    async fn prepare(&self, _: &Pool, _: &Envelope, (): ()) -> Result<Step<()>, HandlerError> {
+    async fn prepare(&self, _: &Pool, event: &Envelope, (): ()) -> Result<Step<()>, HandlerError> {
+        self.0
+            .prepared
+            .send_modify(|prepared| prepared.push(event.id.clone()));
         Ok(Step::Apply(()))
     }
 
@@ -308,6 +329,49 @@ async fn a_backlog_waiting_on_every_partition_is_applied_on_all_of_them_at_once(
         "a partition started only after another was half way through: first records at \
          {starts:?}, middle records at {halves:?} of {} applied",
         applied.len()
+    );
+    run.stop().await;
+}
+
+/// A transaction per event, the record behind the one in hand is prepared (for
+/// ChargeOrder: charged at the provider) while that one is applied. Each record's
+/// transaction here waits until the next record's prepare has begun: prepared one after
+/// the other, the first would wait for ever. Records are produced while the consumer
+/// runs, so the next one reaches the queue at any point of the one before it.
+#[tokio::test]
+async fn the_record_behind_the_one_in_hand_is_prepared_while_its_transaction_runs() {
+    const RECORDS: usize = 60;
+    let ids: Vec<String> = (0..RECORDS).map(|seq| format!("ahead-{seq}")).collect();
+    let prepares = watch::Sender::default();
+    let seen = prepares.subscribe();
+    let next_of: BTreeMap<String, String> = ids.iter().cloned().zip(ids[1..].to_vec()).collect();
+    let handler = Recorder::watching(
+        move |event, _| {
+            let next = next_of.get(&event.id).cloned();
+            let mut seen = seen.clone();
+            Box::pin(async move {
+                if let Some(next) = next {
+                    seen.wait_for(|prepared: &Vec<String>| prepared.contains(&next))
+                        .await
+                        .unwrap();
+                }
+                Ok(Outcome::Applied)
+            })
+        },
+        prepares,
+    );
+    let run = start(TestKafka::new().await, handler.clone()).await;
+
+    for id in &ids {
+        run.produce(0, id).await;
+    }
+    run.caught_up().await;
+
+    assert_eq!(handler.applied(), ids, "applied in offset order, each once");
+    assert_eq!(
+        handler.prepared(),
+        ids,
+        "prepared in offset order, each once"
     );
     run.stop().await;
 }
