@@ -415,8 +415,8 @@ struct PartitionWorker<H> {
 }
 
 /// A partition's next record, prepared ([`Applier::prepare`]) in a task of its own while
-/// the record before it is applied. `None` for a record that is no event: it is
-/// dead-lettered when its turn comes.
+/// the record before it is applied. `None` when nothing was prepared: the record was not
+/// looked at ahead, or is no event at all (dead-lettered when its turn comes).
 type Ahead<P> = Option<tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>>;
 
 /// Why a record is dead-lettered: the reason goes into its headers, the cause (one of a
@@ -483,11 +483,7 @@ impl<H: Handler> PartitionWorker<H> {
                 }
             };
             match done {
-                Done::Finished => {
-                    // A crash here redelivers a record whose effects are committed.
-                    failpoint::crash_point(failpoint::CONSUMER_AFTER_HANDLER);
-                    self.store_offset(&message)
-                }
+                Done::Finished => self.finished(&message),
                 Done::Abandoned => return,
             }
         }
@@ -538,11 +534,7 @@ impl<H: Handler> PartitionWorker<H> {
                         .instrument(record_span(message))
                         .await
                     {
-                        Done::Finished => {
-                            // A crash here redelivers a record whose effects are committed.
-                            failpoint::crash_point(failpoint::CONSUMER_AFTER_HANDLER);
-                            self.store_offset(message)
-                        }
+                        Done::Finished => self.finished(message),
                         Done::Abandoned => return,
                     }
                 }
@@ -774,6 +766,13 @@ impl<H: Handler> PartitionWorker<H> {
             _ = self.shutdown.cancelled() => false,
             _ = tokio::time::sleep(delay) => true,
         }
+    }
+
+    /// `message` was applied (or dead-lettered) on its own: its offset may be stored.
+    fn finished(&self, message: &OwnedMessage) {
+        // A crash here redelivers a record whose effects are committed.
+        failpoint::crash_point(failpoint::CONSUMER_AFTER_HANDLER);
+        self.store_offset(message)
     }
 
     fn store_offset(&self, message: &OwnedMessage) {
