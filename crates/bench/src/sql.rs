@@ -795,7 +795,7 @@ impl Transaction {
             what: "outbox relay: read a batch of 100 rows, mark them published",
             database: Database::Orders,
             source: &OUTBOX,
-            function: "publish_batch",
+            function: "prepare",
             ahead: None,
             variables: Vec::new(),
             skips: Vec::new(),

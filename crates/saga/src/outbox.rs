@@ -23,7 +23,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tokio_postgres::types::Json;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
@@ -161,10 +161,11 @@ impl OutboxRelay {
                 "SET synchronous_commit = {RELAY_SYNCHRONOUS_COMMIT}; LISTEN outbox"
             ))
             .await?;
+        let statements = RelayStatements::prepare(&client).await?;
         tracing::info!("outbox relay active");
         let mut healthy = false;
         loop {
-            while self.publish_batch(&client).await? == self.batch_size as usize {}
+            while self.publish_batch(&client, &statements).await? == self.batch_size as usize {}
             if !healthy {
                 // Healthy again: the next interruption starts from the shortest delay.
                 // Only once a look at the outbox has worked: resetting on connecting
@@ -213,16 +214,13 @@ impl OutboxRelay {
     }
 
     /// Publishes up to one batch of unpublished rows; returns how many were published.
-    pub async fn publish_batch(&self, client: &Client) -> anyhow::Result<usize> {
+    async fn publish_batch(
+        &self,
+        client: &Client,
+        statements: &RelayStatements,
+    ) -> anyhow::Result<usize> {
         let rows = client
-            .query(
-                "SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by
-                   FROM outbox
-                  WHERE published_at IS NULL
-                  ORDER BY id
-                  LIMIT $1",
-                &[&self.batch_size],
-            )
+            .query(&statements.unpublished, &[&self.batch_size])
             .await?;
         if rows.is_empty() {
             return Ok(0);
@@ -285,10 +283,7 @@ impl OutboxRelay {
         // A crash here publishes the acknowledged rows once more after the restart.
         failpoint::crash_point_for(failpoint::RELAY_AFTER_ACK, acknowledged.len());
         client
-            .execute(
-                "UPDATE outbox SET published_at = now() WHERE id = ANY($1)",
-                &[&acknowledged],
-            )
+            .execute(&statements.mark_published, &[&acknowledged])
             .await?;
         tracing::debug!(published = acknowledged.len(), "outbox batch published");
         match failure {
@@ -296,5 +291,35 @@ impl OutboxRelay {
             Some(error) => Err(error),
             None => Ok(acknowledged.len()),
         }
+    }
+}
+
+/// The relay's two statements, prepared once per session. Under load the relay looks at
+/// the outbox hundreds of times a second, and a statement given as text is parsed and
+/// planned again on every call, in a round trip of its own before the one that runs it.
+struct RelayStatements {
+    /// Up to a batch of unpublished rows, oldest first (the partial index on
+    /// `published_at IS NULL` holds exactly these).
+    unpublished: Statement,
+    /// Marks the rows the broker acknowledged.
+    mark_published: Statement,
+}
+
+impl RelayStatements {
+    async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            unpublished: client
+                .prepare(
+                    "SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by
+                       FROM outbox
+                      WHERE published_at IS NULL
+                      ORDER BY id
+                      LIMIT $1",
+                )
+                .await?,
+            mark_published: client
+                .prepare("UPDATE outbox SET published_at = now() WHERE id = ANY($1)")
+                .await?,
+        })
     }
 }
