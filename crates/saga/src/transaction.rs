@@ -91,6 +91,16 @@ impl<'c> Transaction<'c> {
             .await
     }
 
+    /// Runs a query expected to return exactly one row.
+    pub async fn query_one<T: ?Sized + ToStatement + Sync>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, Error> {
+        self.behind_queued(self.client.query_one(statement, params))
+            .await
+    }
+
     /// Runs a query expected to return at most one row.
     pub async fn query_opt<T: ?Sized + ToStatement + Sync>(
         &self,
