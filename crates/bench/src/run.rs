@@ -42,6 +42,11 @@ use crate::report::{
 };
 use crate::sql::{self, Database, Transaction};
 
+/// Past the plan's ramp, while its steps keep up: each step this much faster than the
+/// one before, at most this many of them.
+const RAMP_ONWARD: f64 = 1.25;
+const RAMP_ONWARD_STEPS: i32 = 6;
+
 /// How long and how hard a run goes.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -51,7 +56,8 @@ pub struct Plan {
     /// its rate: what it confirms meanwhile.
     pub closed: Vec<u32>,
     /// Open-loop rates as multiples of that estimate, tried in turn until one falls
-    /// behind; the highest that kept up is the highest sustained rate.
+    /// behind (past the last, [`RAMP_ONWARD`] faster each time); the highest that kept up
+    /// is the highest sustained rate.
     pub ramp: Vec<f64>,
     /// Steps halving the gap between the highest rate that kept up and the lowest that
     /// did not, once the ramp has found both.
@@ -1096,7 +1102,11 @@ async fn run_phases(
     ));
     let mut kept_up: f64 = 0.0;
     let mut fell_behind = None;
-    for &factor in &plan.ramp {
+    // A ramp whose every step kept up has found a lower bound, not the highest sustained
+    // rate (the closed loops' estimate is held down by admission control): it goes on.
+    let last = plan.ramp.last().copied().unwrap_or(1.0);
+    let onward = (1..=RAMP_ONWARD_STEPS).map(|i| last * RAMP_ONWARD.powi(i));
+    for factor in plan.ramp.iter().copied().chain(onward) {
         let rate = (estimate * factor).max(1.0).round();
         let step = ramp_step(stack, &generator, databases, plan, run_id, rate).await?;
         let sustained = step.sustained;
