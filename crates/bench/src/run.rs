@@ -47,6 +47,15 @@ use crate::sql::{self, Database, Transaction};
 const RAMP_ONWARD: f64 = 1.25;
 const RAMP_ONWARD_STEPS: i32 = 6;
 
+/// The ramp's factors: the plan's, then on past its last. A ramp whose every step kept up
+/// has found a lower bound, not the highest sustained rate (the closed loops' estimate is
+/// held down by admission control), so it goes on until a step falls behind.
+fn ramp_factors(ramp: &[f64]) -> impl Iterator<Item = f64> + '_ {
+    let last = ramp.last().copied().unwrap_or(1.0);
+    let onward = (1..=RAMP_ONWARD_STEPS).map(move |i| last * RAMP_ONWARD.powi(i));
+    ramp.iter().copied().chain(onward)
+}
+
 /// How long and how hard a run goes.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -1102,11 +1111,7 @@ async fn run_phases(
     ));
     let mut kept_up: f64 = 0.0;
     let mut fell_behind = None;
-    // A ramp whose every step kept up has found a lower bound, not the highest sustained
-    // rate (the closed loops' estimate is held down by admission control): it goes on.
-    let last = plan.ramp.last().copied().unwrap_or(1.0);
-    let onward = (1..=RAMP_ONWARD_STEPS).map(|i| last * RAMP_ONWARD.powi(i));
-    for factor in plan.ramp.iter().copied().chain(onward) {
+    for factor in ramp_factors(&plan.ramp) {
         let rate = (estimate * factor).max(1.0).round();
         let step = ramp_step(stack, &generator, databases, plan, run_id, rate).await?;
         let sustained = step.sustained;
@@ -1395,4 +1400,22 @@ pub fn write(report: &Report, settings: &Settings) -> anyhow::Result<String> {
         .chart(&settings.out.join("chart.png"), &settings.font)
         .context("drawing the chart")?;
     Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ramp_that_keeps_up_goes_on_past_the_plans_last_step_a_quarter_faster_each_time() {
+        let factors: Vec<f64> = ramp_factors(&Plan::quick().ramp).collect();
+        assert_eq!(factors[..2], [1.0, 1.5]);
+        assert_eq!(factors.len(), 2 + RAMP_ONWARD_STEPS as usize);
+        for pair in factors[1..].windows(2) {
+            assert!(
+                (pair[1] / pair[0] - RAMP_ONWARD).abs() < 1e-9,
+                "{factors:?}"
+            );
+        }
+    }
 }
