@@ -795,6 +795,8 @@ impl Transaction {
             what: "outbox relay: read a batch of 100 rows, mark them published",
             database: Database::Orders,
             source: &OUTBOX,
+            // `RelayStatements::prepare`: the relay prepares its read and its mark once
+            // per session, and runs them from `publish_batch`.
             function: "prepare",
             ahead: None,
             variables: Vec::new(),
