@@ -14,6 +14,7 @@
 
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collection;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
@@ -30,6 +31,7 @@ import org.apache.kafka.common.Node;
 import org.apache.kafka.common.errors.InvalidReplicationFactorException;
 import org.apache.kafka.common.errors.RetriableException;
 import org.apache.kafka.common.errors.TopicExistsException;
+import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
 
 public class EnsureTopics {
     public static void main(String[] args) throws Exception {
@@ -113,7 +115,7 @@ public class EnsureTopics {
             // map to partitions; say so rather than silently accept it.
             List<String> mismatched = new ArrayList<>();
             Set<Integer> replicas = new java.util.TreeSet<>();
-            for (TopicDescription d : admin.describeTopics(wanted).allTopicNames().get().values()) {
+            for (TopicDescription d : describe(admin, wanted, deadline)) {
                 if (d.partitions().size() != partitions) {
                     mismatched.add(d.name() + " has " + d.partitions().size() + " partitions");
                 }
@@ -127,6 +129,25 @@ public class EnsureTopics {
                 System.err.println("warning: expected " + partitions + " partitions, but "
                         + String.join("; ", mismatched));
             }
+        }
+    }
+
+    // The controller acknowledges a new topic once it is in the metadata log;
+    // each broker applies that log on its own, so the broker asked right after
+    // may not know the topic yet (on three nodes, about one describe in ten).
+    // The admin client does not retry that answer: it is retried here.
+    static Collection<TopicDescription> describe(Admin admin, List<String> topics, long deadline)
+            throws Exception {
+        while (true) {
+            try {
+                return admin.describeTopics(topics).allTopicNames().get().values();
+            } catch (ExecutionException e) {
+                if (!(e.getCause() instanceof UnknownTopicOrPartitionException)
+                        || System.currentTimeMillis() > deadline) {
+                    throw e;
+                }
+            }
+            Thread.sleep(200);
         }
     }
 }
