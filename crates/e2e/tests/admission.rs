@@ -3,14 +3,18 @@
 //! saga_behind`, `Retry-After`) without storing anything; once payment-service is back
 //! and the backlog drains, it accepts again, and every order accepted settles.
 
-use saga::metrics::ORDERS_IN_FLIGHT;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use saga::metrics::{ADMISSION_LIMIT, ORDERS_IN_FLIGHT};
 use saga_e2e::{KEYBOARD, ORDER_SERVICE, PAYMENT_SERVICE, SETTLE, Stack};
 use saga_testkit::eventually;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 /// The cap this test runs order-service with, small so that a held-back consumer reaches
-/// it in moments.
+/// it in moments. `ADMISSION_MAX_WAIT=0` keeps it at that: the cap that follows the
+/// saga's rate is the unit tests' (`order_service::admission`), and the orders settled
+/// between rounds would raise it here by as many as the rate allows.
 const CAP: usize = 12;
 
 /// Rounds of holding payment-service back and letting it go.
@@ -58,6 +62,7 @@ async fn with_payment_service_held_back_orders_past_the_cap_are_refused_and_acce
     let cap = CAP.to_string();
     let mut stack = Stack::start_with_env(&[
         ("ADMISSION_MAX_IN_FLIGHT", &cap),
+        ("ADMISSION_MAX_WAIT", "0s"),
         ("ADMISSION_POLL_INTERVAL", "250ms"),
     ])
     .await;
@@ -149,4 +154,54 @@ async fn with_payment_service_held_back_orders_past_the_cap_are_refused_and_acce
         accepted.len() as i64,
         "every order accepted, and no other, is stored"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cap_rises_past_its_floor_while_the_saga_settles_orders_and_falls_back_when_it_stops() {
+    let floor = CAP.to_string();
+    let mut stack = Stack::start_with_env(&[
+        ("ADMISSION_MAX_IN_FLIGHT", &floor),
+        // Long, so that the few orders a second this test places are worth more than the
+        // floor.
+        ("ADMISSION_MAX_WAIT", "60s"),
+        ("ADMISSION_POLL_INTERVAL", "100ms"),
+    ])
+    .await;
+    let limit = async |stack: &Stack| stack.metrics(ORDER_SERVICE).await.sum(ADMISSION_LIMIT, &[]);
+    // The first count sets it: the floor, as no rate is known yet.
+    eventually(
+        SETTLE,
+        "the cap to be its floor before any order",
+        || async { (limit(&stack).await == CAP as f64).then_some(()) },
+    )
+    .await;
+
+    let next = AtomicUsize::new(0);
+    eventually(SETTLE, "the cap to rise past its floor", || {
+        let (stack, next) = (&stack, &next);
+        async move {
+            for _ in 0..5 {
+                let key = format!("rise-{}", next.fetch_add(1, Ordering::Relaxed));
+                let answer = post(stack, &key).await;
+                assert!(
+                    answer.status == 201 || answer.body["error"]["code"] == "saga_behind",
+                    "{}",
+                    answer.body
+                );
+            }
+            (limit(stack).await > CAP as f64).then_some(())
+        }
+    })
+    .await;
+
+    // Nothing settles past a stopped payment-service: the rate decays, and the cap with
+    // it, down to the floor and no further.
+    assert!(
+        stack.terminate_service(PAYMENT_SERVICE).await,
+        "payment-service stops"
+    );
+    eventually(SETTLE, "the cap to fall back to its floor", || async {
+        (limit(&stack).await == CAP as f64).then_some(())
+    })
+    .await;
 }

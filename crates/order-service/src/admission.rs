@@ -11,6 +11,18 @@
 //! order stuck for good (its event dead-lettered, waiting for a redrive) would hold up
 //! for ever: such an order counts one, until it settles.
 //!
+//! The cap is what the saga settles in `ADMISSION_MAX_WAIT` at the rate it has been
+//! settling them, and never under `ADMISSION_MAX_IN_FLIGHT`. A fixed count would be a
+//! different wait on every machine, and where the saga is fast it would be shorter than
+//! the second a refused client waits (`Retry-After: 1`): the backlog drains, the saga
+//! idles while its clients wait, and it settles only part of what it could. A cap worth
+//! more than that second keeps orders waiting for the saga, not the saga for orders. The
+//! rate comes from the counts themselves: what was in flight at one count, plus what
+//! was placed here since, less what is in flight at the next, settled in between.
+//! Another instance's orders are not among those placed here, so they make the rate
+//! look lower and the cap tighter, never looser. The floor is the cap while the rate is
+//! not known yet or the saga has stopped: then no rate would allow anything.
+//!
 //! A watcher counts the pending orders every `ADMISSION_POLL_INTERVAL`; every order
 //! placed here since the count began counts one more, so a burst cannot overshoot the
 //! cap by an interval's worth, and a count that raced with a placement cannot forget it:
@@ -23,7 +35,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use deadpool_postgres::Pool;
@@ -33,9 +45,17 @@ use tokio_util::sync::CancellationToken;
 pub struct AdmissionConfig {
     /// Orders in flight (placed, not yet confirmed or cancelled) past which `POST
     /// /v1/orders` answers `503 saga_behind` with `Retry-After` instead of placing one
-    /// more; 0 turns admission control off.
+    /// more, unless the saga settles more than that in `ADMISSION_MAX_WAIT`; 0 turns
+    /// admission control off.
     #[arg(long, env = "ADMISSION_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
     pub admission_max_in_flight: u64,
+
+    /// The wait admission control allows: orders in flight up to what the saga settles
+    /// in this time, at the rate it has been settling them; 0 keeps the cap at
+    /// `ADMISSION_MAX_IN_FLIGHT`.
+    #[arg(long, env = "ADMISSION_MAX_WAIT", default_value = DEFAULT_MAX_WAIT,
+          value_parser = humantime::parse_duration)]
+    pub admission_max_wait: Duration,
 
     /// How often the orders in flight are counted.
     #[arg(long, env = "ADMISSION_POLL_INTERVAL", default_value = DEFAULT_POLL_INTERVAL,
@@ -44,13 +64,20 @@ pub struct AdmissionConfig {
 }
 
 const DEFAULT_MAX_IN_FLIGHT: u64 = 200;
+const DEFAULT_MAX_WAIT: &str = "1500ms";
 const DEFAULT_POLL_INTERVAL: &str = "200ms";
+
+/// How far back the settle rate looks: long enough to smooth one count's jitter, short
+/// enough that the cap follows the saga within a few seconds.
+const RATE_WINDOW: Duration = Duration::from_secs(2);
 
 /// The flags' defaults, for code that builds the service without parsing them.
 impl Default for AdmissionConfig {
     fn default() -> Self {
         Self {
             admission_max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            admission_max_wait: humantime::parse_duration(DEFAULT_MAX_WAIT)
+                .expect("the default parses"),
             admission_poll_interval: humantime::parse_duration(DEFAULT_POLL_INTERVAL)
                 .expect("the default parses"),
         }
@@ -60,17 +87,20 @@ impl Default for AdmissionConfig {
 /// Whether an order may be placed now; cheap to clone, shared by the handlers.
 #[derive(Clone)]
 pub struct Admission {
-    limit: u64,
+    /// `ADMISSION_MAX_IN_FLIGHT`: the cap whatever the rate; 0 is off.
+    floor: u64,
+    max_wait: Duration,
     counts: Arc<Counts>,
 }
 
-#[derive(Default)]
 struct Counts {
     /// Orders placed here since start.
     placed: AtomicU64,
     /// The last count of the database's pending orders, and `placed` as it was just
     /// before that count began.
     last: Mutex<(u64, u64)>,
+    /// The cap as of the last count.
+    limit: AtomicU64,
 }
 
 impl Counts {
@@ -103,10 +133,7 @@ impl Admission {
         Self,
         impl Future<Output = anyhow::Result<()>> + Send + 'static,
     ) {
-        let admission = Self {
-            limit: config.admission_max_in_flight,
-            counts: Arc::default(),
-        };
+        let admission = Self::with_cap(config.admission_max_in_flight, config.admission_max_wait);
         let watcher = watch(
             pool,
             admission.clone(),
@@ -116,20 +143,46 @@ impl Admission {
         (admission, watcher)
     }
 
+    fn with_cap(floor: u64, max_wait: Duration) -> Self {
+        Self {
+            floor,
+            max_wait,
+            counts: Arc::new(Counts {
+                placed: AtomicU64::new(0),
+                last: Mutex::new((0, 0)),
+                limit: AtomicU64::new(floor),
+            }),
+        }
+    }
+
     /// `Ok` if an order may be placed now.
     pub fn admit(&self) -> Result<(), Behind> {
-        if self.limit == 0 {
+        if self.floor == 0 {
             return Ok(());
         }
         let in_flight = self.counts.in_flight();
-        if in_flight < self.limit {
+        let limit = self.counts.limit.load(Ordering::Relaxed);
+        if in_flight < limit {
             Ok(())
         } else {
-            Err(Behind {
-                in_flight,
-                limit: self.limit,
-            })
+            Err(Behind { in_flight, limit })
         }
+    }
+
+    /// The cap at a settle rate of `per_second` orders.
+    fn limit_at(&self, per_second: f64) -> u64 {
+        // `as` saturates: a rate of NaN or infinity cannot wrap the cap around.
+        let at_rate = (per_second * self.max_wait.as_secs_f64()) as u64;
+        self.floor.max(at_rate)
+    }
+
+    /// Takes a count of the database's pending orders, begun when `placed_then` orders
+    /// had been placed here, and the cap it makes at a settle rate of `per_second`.
+    fn counted(&self, pending: u64, placed_then: u64, per_second: f64) -> u64 {
+        let limit = self.limit_at(per_second);
+        *self.counts.last.lock().expect("never poisoned") = (pending, placed_then);
+        self.counts.limit.store(limit, Ordering::Relaxed);
+        limit
     }
 
     /// An order was placed here (its transaction committed): one more in flight until
@@ -145,11 +198,12 @@ async fn watch(
     interval: Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    if admission.limit == 0 {
+    if admission.floor == 0 {
         return Ok(());
     }
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rate = SettleRate::default();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -160,13 +214,40 @@ async fn watch(
         let placed_then = admission.counts.placed.load(Ordering::Relaxed);
         match count_in_flight(&pool).await {
             Ok(n) => {
-                *admission.counts.last.lock().expect("never poisoned") = (n, placed_then);
+                let per_second = rate.update(Instant::now(), n, placed_then);
+                let limit = admission.counted(n, placed_then, per_second);
                 metrics::gauge!(saga::metrics::ORDERS_IN_FLIGHT).set(n as f64);
+                metrics::gauge!(saga::metrics::ADMISSION_LIMIT).set(limit as f64);
             }
             // The database down refuses orders by itself (503 `unavailable`); the last
             // count stands until it is back.
             Err(error) => tracing::debug!(%error, "orders in flight not counted"),
         }
+    }
+}
+
+/// Orders settled per second, from successive counts of those in flight, averaged over
+/// about [`RATE_WINDOW`].
+#[derive(Default)]
+struct SettleRate {
+    /// The last count: when it ended, what it found, and `placed` as it began.
+    last: Option<(Instant, u64, u64)>,
+    per_second: f64,
+}
+
+impl SettleRate {
+    fn update(&mut self, now: Instant, pending: u64, placed_then: u64) -> f64 {
+        if let Some((then, pending_then, placed_before)) = self.last {
+            let seconds = now.duration_since(then).as_secs_f64();
+            if seconds > 0.0 {
+                let settled = (pending_then + placed_then.saturating_sub(placed_before))
+                    .saturating_sub(pending);
+                let weight = (seconds / RATE_WINDOW.as_secs_f64()).min(1.0);
+                self.per_second += weight * (settled as f64 / seconds - self.per_second);
+            }
+        }
+        self.last = Some((now, pending, placed_then));
+        self.per_second
     }
 }
 
@@ -183,15 +264,13 @@ async fn count_in_flight(pool: &Pool) -> anyhow::Result<u64> {
 mod tests {
     use super::*;
 
+    /// A cap of `limit` whatever the rate.
     fn admission(limit: u64) -> Admission {
-        Admission {
-            limit,
-            counts: Arc::default(),
-        }
+        Admission::with_cap(limit, Duration::ZERO)
     }
 
     fn counted(admission: &Admission, n: u64, placed_then: u64) {
-        *admission.counts.last.lock().unwrap() = (n, placed_then);
+        admission.counted(n, placed_then, 0.0);
     }
 
     #[test]
@@ -226,5 +305,39 @@ mod tests {
         let admission = admission(0);
         counted(&admission, u64::MAX, 0);
         assert!(admission.admit().is_ok());
+    }
+
+    #[test]
+    fn the_cap_is_what_the_saga_settles_in_the_wait_and_never_under_the_floor() {
+        let admission = Admission::with_cap(200, Duration::from_millis(1500));
+        // 400 orders a second settle 600 in 1.5 s: past the floor, the cap.
+        assert_eq!(admission.counted(0, 0, 400.0), 600);
+        for _ in 0..599 {
+            admission.placed();
+        }
+        assert!(admission.admit().is_ok(), "599 in flight, under 600");
+        admission.placed();
+        let behind = admission.admit().unwrap_err();
+        assert_eq!((behind.in_flight, behind.limit), (600, 600));
+        // The saga stopped: no rate allows anything, the floor still does.
+        assert_eq!(admission.counted(600, 600, 0.0), 200);
+        assert_eq!(admission.limit_at(f64::NAN), 200);
+    }
+
+    #[test]
+    fn the_settle_rate_is_what_was_in_flight_plus_what_was_placed_less_what_still_is() {
+        let start = Instant::now();
+        let mut rate = SettleRate::default();
+        assert_eq!(rate.update(start, 100, 0), 0.0, "one count says no rate");
+        // A window later: 100 in flight, 500 placed since, 120 in flight: 480 settled.
+        let later = start + RATE_WINDOW;
+        assert_eq!(rate.update(later, 120, 500), 240.0);
+        // A tenth of a window of nothing settled moves the rate a tenth of the way to 0.
+        let per_second = rate.update(later + RATE_WINDOW / 10, 120, 500);
+        assert!((per_second - 216.0).abs() < 1e-9, "{per_second}");
+        // More in flight than was placed here since (another instance's orders): no
+        // settled orders are made up, so the rate only falls.
+        let per_second = rate.update(later + RATE_WINDOW / 5, 200, 500);
+        assert!(per_second < 216.0, "{per_second}");
     }
 }

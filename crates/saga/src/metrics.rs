@@ -81,6 +81,9 @@ pub const CHARGE_FAULTS: &str = "saga_charge_faults_total";
 /// order-service's orders placed and not yet confirmed or cancelled, as admission control
 /// last counted them.
 pub const ORDERS_IN_FLIGHT: &str = "saga_orders_in_flight";
+/// order-service's cap on [`ORDERS_IN_FLIGHT`] as of its last count: what the saga
+/// settles in `ADMISSION_MAX_WAIT` at its recent rate, or `ADMISSION_MAX_IN_FLIGHT`.
+pub const ADMISSION_LIMIT: &str = "saga_admission_limit";
 
 /// Seconds: from a fraction of a millisecond (an answer from memory) to the 30 s a
 /// transient failure may last before the caller gives up.
@@ -187,6 +190,11 @@ fn describe() {
         ORDERS_IN_FLIGHT,
         Unit::Count,
         "Orders placed and not yet confirmed or cancelled, which admission control caps"
+    );
+    describe_gauge!(
+        ADMISSION_LIMIT,
+        Unit::Count,
+        "Orders in flight past which admission control refuses new ones"
     );
 }
 
