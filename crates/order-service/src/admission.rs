@@ -96,21 +96,20 @@ pub struct Admission {
 struct Counts {
     /// Orders placed here since start.
     placed: AtomicU64,
-    /// The last count of the database's pending orders, and `placed` as it was just
-    /// before that count began.
-    last: Mutex<(u64, u64)>,
-    /// The cap as of the last count.
-    limit: AtomicU64,
+    /// The last count of the database's pending orders, `placed` as it was just before
+    /// that count began, and the cap made with it: read together, under one lock.
+    last: Mutex<(u64, u64, u64)>,
 }
 
 impl Counts {
-    fn in_flight(&self) -> u64 {
-        let (counted, placed_then) = *self.last.lock().expect("never poisoned");
-        counted
-            + self
-                .placed
-                .load(Ordering::Relaxed)
-                .saturating_sub(placed_then)
+    /// The orders in flight now, and the cap.
+    fn in_flight(&self) -> (u64, u64) {
+        let (counted, placed_then, limit) = *self.last.lock().expect("never poisoned");
+        let placed_since = self
+            .placed
+            .load(Ordering::Relaxed)
+            .saturating_sub(placed_then);
+        (counted + placed_since, limit)
     }
 }
 
@@ -149,8 +148,7 @@ impl Admission {
             max_wait,
             counts: Arc::new(Counts {
                 placed: AtomicU64::new(0),
-                last: Mutex::new((0, 0)),
-                limit: AtomicU64::new(floor),
+                last: Mutex::new((0, 0, floor)),
             }),
         }
     }
@@ -160,8 +158,7 @@ impl Admission {
         if self.floor == 0 {
             return Ok(());
         }
-        let in_flight = self.counts.in_flight();
-        let limit = self.counts.limit.load(Ordering::Relaxed);
+        let (in_flight, limit) = self.counts.in_flight();
         if in_flight < limit {
             Ok(())
         } else {
@@ -180,8 +177,7 @@ impl Admission {
     /// had been placed here, and the cap it makes at a settle rate of `per_second`.
     fn counted(&self, pending: u64, placed_then: u64, per_second: f64) -> u64 {
         let limit = self.limit_at(per_second);
-        *self.counts.last.lock().expect("never poisoned") = (pending, placed_then);
-        self.counts.limit.store(limit, Ordering::Relaxed);
+        *self.counts.last.lock().expect("never poisoned") = (pending, placed_then, limit);
         limit
     }
 
