@@ -48,8 +48,8 @@ const RAMP_ONWARD: f64 = 1.25;
 const RAMP_ONWARD_STEPS: i32 = 6;
 
 /// The ramp's factors: the plan's, then on past its last. A ramp whose every step kept up
-/// has found a lower bound, not the highest sustained rate (the closed loops' estimate is
-/// held down by admission control), so it goes on until a step falls behind.
+/// has found a lower bound, not the highest sustained rate (admission control may hold
+/// the closed loops' estimate down), so it goes on until a step falls behind.
 fn ramp_factors(ramp: &[f64]) -> impl Iterator<Item = f64> + '_ {
     let last = ramp.last().copied().unwrap_or(1.0);
     let onward = (1..=RAMP_ONWARD_STEPS).map(move |i| last * RAMP_ONWARD.powi(i));
