@@ -114,10 +114,14 @@ pub async fn run(
         .arg("--file")
         .arg(script);
     if transaction.name == "relay" {
-        // The relay's session setting, for every connection pgbench opens.
+        // The relay's session settings, for every connection pgbench opens.
         command.env(
             "PGOPTIONS",
-            format!("-c synchronous_commit={}", sql::relay_synchronous_commit()?),
+            format!(
+                "-c synchronous_commit={} -c plan_cache_mode={}",
+                sql::relay_synchronous_commit()?,
+                sql::relay_plan_cache_mode()?
+            ),
         );
         // Stop with a row still left, so every batch is a full one.
         let batches = (relay_rows / sql::RELAY_BATCH).saturating_sub(1).max(1);

@@ -275,6 +275,16 @@ pub fn relay_synchronous_commit() -> anyhow::Result<String> {
     }
 }
 
+/// The relay's session's `plan_cache_mode` (`RELAY_PLAN_CACHE_MODE` in outbox.rs), which
+/// pgbench's relay run is given too: its statements are prepared, as the relay's are, and
+/// planned as the relay's are.
+pub fn relay_plan_cache_mode() -> anyhow::Result<String> {
+    match outbox_constant("RELAY_PLAN_CACHE_MODE")? {
+        syn::Lit::Str(value) => Ok(value.value()),
+        _ => bail!("`RELAY_PLAN_CACHE_MODE` in {} is not a string", OUTBOX.path),
+    }
+}
+
 /// The literal value of `const <name>` in outbox.rs.
 fn outbox_constant(name: &str) -> anyhow::Result<syn::Lit> {
     let file = syn::parse_file(OUTBOX.text).context("parsing outbox.rs")?;
@@ -1041,6 +1051,7 @@ mod tests {
     fn the_relay_lock_is_read_from_the_outbox() {
         relay_lock().unwrap();
         assert_eq!(relay_synchronous_commit().unwrap(), "off");
+        assert_eq!(relay_plan_cache_mode().unwrap(), "force_custom_plan");
     }
 
     #[test]

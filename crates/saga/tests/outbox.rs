@@ -205,3 +205,90 @@ async fn one_relay_publishes_at_a_time_and_a_standby_takes_over() {
     stop_standby.cancel();
     standby.await.unwrap();
 }
+
+/// A relay that started on a nearly empty outbox still finds the rows it marks through
+/// the primary key once the table has grown, before any analyze: a plan kept from the
+/// small table read the whole outbox at every mark.
+#[tokio::test]
+async fn a_relay_started_on_a_small_outbox_marks_rows_by_key_once_it_has_grown() {
+    let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
+    let topic = &kafka.topics.orders;
+    // This test's own queries never scan the outbox: whatever scan the table's counters
+    // show is the relay's.
+    let watcher = db.client().await;
+    watcher
+        .batch_execute(
+            "SET enable_seqscan = off;
+             ALTER TABLE outbox SET (autovacuum_enabled = false)",
+        )
+        .await
+        .unwrap();
+    let published = async |rows: i64| {
+        eventually(WAIT, &format!("{rows} rows published"), || async {
+            let left: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            let all: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM outbox WHERE event_id LIKE 'event-%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (left == 0 && all == rows).then_some(())
+        })
+        .await
+    };
+    let (stop, task) = relay(&db, &kafka);
+    // More marks than a prepared statement's first, custom, plans (five), while the
+    // outbox holds a few hundred rows.
+    let mut rows = 0;
+    for look in 0..10 {
+        for n in 0..30 {
+            enqueue(&db, topic, "k", &format!("event-{look}-{n}")).await;
+            rows += 1;
+        }
+        published(rows).await;
+    }
+    // Grown by 100 000 rows published long ago, as an outbox grows between analyzes.
+    watcher
+        .batch_execute(
+            "INSERT INTO outbox (event_id, topic, key, type, payload, published_at)
+             SELECT 'old-' || i, 'elsewhere', 'k', 'order.created', '{}', now()
+               FROM generate_series(1, 100000) AS i",
+        )
+        .await
+        .unwrap();
+    for n in 0..5 {
+        enqueue(&db, topic, "k", &format!("event-late-{n}")).await;
+        rows += 1;
+        published(rows).await;
+    }
+
+    // The relay's counters reach the view once its session flushes them (within seconds
+    // of going idle); every row it marked, counted there, says they have.
+    let seq_tup_read = eventually(WAIT, "the relay's marks in the statistics", || async {
+        let row = watcher
+            .query_one(
+                "SELECT n_tup_upd, seq_tup_read FROM pg_stat_user_tables WHERE relname = 'outbox'",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (updated, read): (i64, i64) = (row.get(0), row.get(1));
+        (updated >= rows).then_some(read)
+    })
+    .await;
+    assert!(
+        seq_tup_read < 100_000,
+        "the relay scanned the grown outbox ({seq_tup_read} rows read by sequential scans)"
+    );
+    stop.cancel();
+    task.await.unwrap();
+}
