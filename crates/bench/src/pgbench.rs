@@ -22,6 +22,10 @@ pub struct Ceiling {
     pub tps: f64,
     /// Events per second the transaction stands for: `tps`, or rows per second for the relay.
     pub events_per_second: f64,
+    /// Events the run stood for.
+    pub events: f64,
+    /// From pgbench's start to its end, its connections' set-up included.
+    pub cpu: crate::procs::CpuSplit,
     pub average_latency_ms: f64,
     pub script: PathBuf,
     pub load_average: [f64; 3],
@@ -103,6 +107,7 @@ pub async fn run(
     relay_rows: u32,
 ) -> anyhow::Result<Ceiling> {
     let url = databases.url(transaction.database);
+    let before = crate::procs::Ticks::now();
     let mut command = Command::new(pgbench);
     command
         .arg("--no-vacuum")
@@ -134,6 +139,7 @@ pub async fn run(
         .output()
         .await
         .with_context(|| format!("running {}", pgbench.display()))?;
+    let cpu = crate::procs::Ticks::now().since(&before, crate::procs::tick_hz());
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() || stderr.contains("error") {
@@ -146,29 +152,38 @@ pub async fn run(
     let tps = parse_number(&stdout, "tps = ")
         .with_context(|| format!("no `tps = ` in pgbench's output:\n{stdout}"))?;
     let average_latency_ms = parse_number(&stdout, "latency average = ").unwrap_or(f64::NAN);
-    let events_per_second = if transaction.name == "relay" {
-        tps * f64::from(sql::RELAY_BATCH)
+    let events_per_transaction = if transaction.name == "relay" {
+        f64::from(sql::RELAY_BATCH)
     } else {
-        tps
+        1.0
     };
+    let transactions =
+        parse_number(&stdout, "number of transactions actually processed: ").unwrap_or(f64::NAN);
     Ok(Ceiling {
         name: transaction.name,
         what: transaction.what,
         database: transaction.database,
         connections,
         tps,
-        events_per_second,
+        events_per_second: tps * events_per_transaction,
+        events: transactions * events_per_transaction,
+        cpu,
         average_latency_ms,
         script: script.to_owned(),
         load_average: crate::procs::load_average(),
     })
 }
 
-/// The number after `prefix` on the first line that has it.
+/// The number after `prefix` on the first line that has it; of `done/planned`, the first.
 fn parse_number(text: &str, prefix: &str) -> Option<f64> {
     text.lines().find_map(|line| {
         let rest = line.trim().strip_prefix(prefix)?;
-        rest.split_whitespace().next()?.parse().ok()
+        rest.split_whitespace()
+            .next()?
+            .split('/')
+            .next()?
+            .parse()
+            .ok()
     })
 }
 
@@ -178,11 +193,18 @@ mod tests {
 
     #[test]
     fn pgbench_figures_are_read_from_its_report() {
-        let report = "number of failed transactions: 0 (0.000%)\n\
+        let report = "number of transactions actually processed: 59/59\n\
+                      number of failed transactions: 0 (0.000%)\n\
                       latency average = 2.717 ms\n\
                       initial connection time = 12.050 ms\n\
                       tps = 1104.137297 (without initial connection time)\n";
         assert_eq!(parse_number(report, "tps = "), Some(1104.137297));
         assert_eq!(parse_number(report, "latency average = "), Some(2.717));
+        let prefix = "number of transactions actually processed: ";
+        assert_eq!(parse_number(report, prefix), Some(59.0));
+        assert_eq!(
+            parse_number(&format!("{prefix}41234\n"), prefix),
+            Some(41234.0)
+        );
     }
 }

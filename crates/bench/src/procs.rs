@@ -160,12 +160,22 @@ impl Running {
 /// utime + stime of a process, in clock ticks.
 pub fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_ticks(&stat, false)
+}
+
+/// utime + stime from a `/proc/<pid>/stat` line and, with `children`, cutime + cstime:
+/// the CPU of children it has reaped.
+fn stat_ticks(stat: &str, children: bool) -> Option<u64> {
     // The command name may hold spaces and parentheses; the fields follow the last `)`.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    // Fields 14 and 15 of stat(5); the first after `)` is field 3.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    // Fields 14 to 17 of stat(5); the first after `)` is field 3.
+    let field = |index: usize| fields.get(index)?.parse::<u64>().ok();
+    let own = field(11)? + field(12)?;
+    Some(if children {
+        own + field(13)? + field(14)?
+    } else {
+        own
+    })
 }
 
 /// A `kB` line of /proc/<pid>/status, such as VmHWM or VmRSS.
@@ -189,7 +199,7 @@ pub fn tick_hz() -> f64 {
 }
 
 /// The whole machine's busy and total jiffies (first line of /proc/stat).
-pub fn machine_ticks() -> Option<(u64, u64)> {
+fn machine_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let values: Vec<u64> = stat
         .lines()
@@ -202,6 +212,95 @@ pub fn machine_ticks() -> Option<(u64, u64)> {
     // idle + iowait
     let idle = values.get(3)? + values.get(4).unwrap_or(&0);
     Some((total - idle, total))
+}
+
+/// CPU ticks so far of the parts the services share the machine with, and of the
+/// machine, so that a phase can say where its CPU went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ticks {
+    busy: u64,
+    total: u64,
+    /// Every `postgres` process, the postmaster's reaped backends included: pools and
+    /// pgbench open and close connections during a phase.
+    postgres: u64,
+    /// Every `java … kafka.Kafka` process: one broker, or the three nodes.
+    kafka: u64,
+    /// This process and its reaped children (pgbench).
+    load: u64,
+}
+
+impl Ticks {
+    pub fn now() -> Self {
+        let (busy, total) = machine_ticks().unwrap_or_default();
+        let mut ticks = Self {
+            busy,
+            total,
+            load: std::fs::read_to_string("/proc/self/stat")
+                .ok()
+                .and_then(|stat| stat_ticks(&stat, true))
+                .unwrap_or(0),
+            ..Self::default()
+        };
+        let pids = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok());
+        for pid in pids {
+            // A process may end between the listing and the read: it is skipped.
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let comm = stat
+                .split_once('(')
+                .and_then(|(_, rest)| rest.rsplit_once(')'))
+                .map_or("", |(comm, _)| comm);
+            let is_kafka = || {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                    cmdline.split(|&b| b == 0).any(|arg| arg == b"kafka.Kafka")
+                })
+            };
+            match comm {
+                "postgres" => ticks.postgres += stat_ticks(&stat, true).unwrap_or(0),
+                "java" if is_kafka() => ticks.kafka += stat_ticks(&stat, false).unwrap_or(0),
+                _ => {}
+            }
+        }
+        ticks
+    }
+
+    /// What was used from `before` to these ticks.
+    pub fn since(&self, before: &Ticks, tick_hz: f64) -> CpuSplit {
+        let seconds = |now: u64, then: u64| now.saturating_sub(then) as f64 / tick_hz;
+        let total = self.total.saturating_sub(before.total);
+        let busy = self.busy.saturating_sub(before.busy);
+        CpuSplit {
+            machine: seconds(self.busy, before.busy),
+            machine_percent: if total > 0 {
+                busy as f64 * 100.0 / total as f64
+            } else {
+                f64::NAN
+            },
+            postgres: seconds(self.postgres, before.postgres),
+            kafka: seconds(self.kafka, before.kafka),
+            load_generator: seconds(self.load, before.load),
+        }
+    }
+}
+
+/// CPU seconds one phase used, by part of the machine. The services' own are counted
+/// per process (see [`Usage`]); what no part accounts for is the kernel's work for no
+/// process in particular and whatever else runs on the machine.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CpuSplit {
+    /// All cores' busy time.
+    pub machine: f64,
+    /// The share of all the cores that was busy, in percent.
+    pub machine_percent: f64,
+    pub postgres: f64,
+    pub kafka: f64,
+    /// The load generator, or pgbench.
+    pub load_generator: f64,
 }
 
 /// `/proc/loadavg`'s three averages.
@@ -244,6 +343,32 @@ mod tests {
         assert!(cpu_ticks(pid).is_some());
         assert!(status_kib(pid, "VmHWM").unwrap() > 0);
         assert!(status_kib(pid, "NoSuchKey").is_none());
+    }
+
+    #[test]
+    fn the_machine_split_counts_this_process_and_the_busy_cores() {
+        let before = Ticks::now();
+        // Enough work for several clock ticks (10 ms each at the usual 100 Hz).
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let split = Ticks::now().since(&before, tick_hz());
+        assert!(split.load_generator >= 0.1, "{split:?}");
+        assert!(split.machine >= split.load_generator * 0.5, "{split:?}");
+        assert!(
+            split.machine_percent > 0.0 && split.machine_percent <= 100.0,
+            "{split:?}"
+        );
+    }
+
+    #[test]
+    fn reaped_children_count_only_when_asked() {
+        // Fields after the command: state, ppid … utime (14) stime (15) cutime (16) cstime (17).
+        let stat = "42 (post gres)) S 1 42 42 0 -1 4194560 0 0 0 0 7 3 20 10 20 0";
+        assert_eq!(stat_ticks(stat, false), Some(10));
+        assert_eq!(stat_ticks(stat, true), Some(40));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::load::LoadResult;
 use crate::measure::{Drain, Effects, Percentiles, StepOutcome};
 use crate::pgbench::Ceiling;
-use crate::procs::Usage;
+use crate::procs::{CpuSplit, Usage};
 
 /// Where the run happened.
 #[derive(Debug, Clone, Serialize)]
@@ -67,8 +67,9 @@ pub struct Step {
     /// placed at, and the last order was confirmed within 2 s of the last POST.
     pub sustained: bool,
     pub usage: BTreeMap<String, Usage>,
-    /// Share of the whole machine busy during the step (all cores), in percent.
-    pub machine_busy_percent: f64,
+    /// From the first POST until every order of the step was notified (or the wait for
+    /// them ended).
+    pub cpu: CpuSplit,
     pub load_average: [f64; 3],
 }
 
@@ -217,6 +218,18 @@ pub struct ProviderCall {
     pub ceiling_vs_recorded: Option<f64>,
 }
 
+/// The pgbench transactions an order costs the server, and how many of each: one create,
+/// charge (its read-ahead included), the provider's charge, apply and notify, and four
+/// outbox rows published (order.created, payment result, outcome, notification.sent).
+pub const ORDER_TRANSACTIONS: [(&str, f64); 6] = [
+    ("create", 1.0),
+    ("charge", 1.0),
+    ("provider", 1.0),
+    ("apply", 1.0),
+    ("notify", 1.0),
+    ("relay", 4.0),
+];
+
 /// POST → `confirmed` p99 at half the highest sustained rate: a transaction per event,
 /// and in batches (ms).
 pub const HALF_LOAD_P99_TARGET_MS: f64 = 50.0;
@@ -272,6 +285,118 @@ impl Report {
             row("overload, nothing lost", step, OVERLOAD_P99_TARGET_MS);
         }
         md
+    }
+}
+
+impl Report {
+    /// Where the machine's CPU went per order, at the ceiling and at each step, and what
+    /// the end-to-end target leaves for everything but PostgreSQL.
+    fn cpu_per_order(&self) -> String {
+        let cores = self.machine.cpus as f64;
+        let mut md = format!(
+            "\nWhere the CPU goes, in ms of CPU time per order (the {} cores give {} ms a second). \"rest\" is busy time no part accounts for: the kernel's own work and anything else on the machine. The bound is the rate these cores allow at that CPU per order, if CPU were all an order needs:\n\n",
+            self.machine.cpus,
+            fmt(cores * 1000.0)
+        );
+        md.push_str("| phase | orders/s | PostgreSQL | Kafka | the four services | load generator | rest | machine busy | bound (orders/s) |\n");
+        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        let mut row = |label: &str, rate: f64, ms: [f64; 5]| {
+            let [postgres, kafka, services, load, busy] = ms;
+            let rest = busy - postgres - kafka.max(0.0) - services.max(0.0) - load;
+            let _ = writeln!(
+                md,
+                "| {label} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                fmt(rate),
+                fmt(postgres),
+                fmt(kafka),
+                fmt(services),
+                fmt(load),
+                fmt(rest),
+                fmt(busy),
+                fmt(cores * 1000.0 / busy)
+            );
+        };
+        let ceiling = self.ceiling_cpu_ms_per_order();
+        row(
+            "pgbench: each transaction of an order on its own, the ceiling (load generator: pgbench)",
+            self.ceiling_orders_per_second,
+            [
+                ceiling.postgres,
+                f64::NAN,
+                f64::NAN,
+                ceiling.load_generator,
+                ceiling.machine,
+            ],
+        );
+        for step in &self.steps {
+            let orders = step.load.placed as f64;
+            let per_order = |seconds: f64| seconds * 1000.0 / orders;
+            let services: f64 = step.usage.values().map(|u| u.cpu_seconds).sum();
+            row(
+                &format!(
+                    "{}{}",
+                    step.name,
+                    if step.sustained { "" } else { " (behind)" }
+                ),
+                step.load.placed_per_second(),
+                [
+                    per_order(step.cpu.postgres),
+                    per_order(step.cpu.kafka),
+                    per_order(services),
+                    per_order(step.cpu.load_generator),
+                    per_order(step.cpu.machine),
+                ],
+            );
+        }
+        let highest = self.steps.iter().filter(|s| s.sustained).max_by(|a, b| {
+            a.load
+                .placed_per_second()
+                .total_cmp(&b.load.placed_per_second())
+        });
+        if let Some(step) = highest {
+            let orders = step.load.placed as f64;
+            let goal = self.end_to_end_target * self.ceiling_orders_per_second;
+            let budget = cores * 1000.0 / goal;
+            let postgres = step.cpu.postgres * 1000.0 / orders;
+            let busy = step.cpu.machine * 1000.0 / orders;
+            let _ = writeln!(
+                md,
+                "\nThe end-to-end target, {:.0}% of the ceiling ({}/s), leaves an order {} ms of these cores' time. At the fastest step that kept up ({}), PostgreSQL alone took {} ms per order ({} ms at the ceiling), and the machine {} ms in all: {:.1} times the budget.",
+                self.end_to_end_target * 100.0,
+                fmt(goal),
+                fmt(budget),
+                step.name,
+                fmt(postgres),
+                fmt(ceiling.postgres),
+                fmt(busy),
+                busy / budget,
+            );
+        }
+        md
+    }
+
+    /// The ceiling's CPU per order: each transaction's pgbench run, per event, times the
+    /// events of its kind in an order.
+    fn ceiling_cpu_ms_per_order(&self) -> CpuSplit {
+        let mut split = CpuSplit::default();
+        for (name, per_order) in ORDER_TRANSACTIONS {
+            let Some(c) = self.ceilings.iter().find(|c| c.name == name) else {
+                return CpuSplit {
+                    machine: f64::NAN,
+                    machine_percent: f64::NAN,
+                    postgres: f64::NAN,
+                    kafka: f64::NAN,
+                    load_generator: f64::NAN,
+                };
+            };
+            let ms = |seconds: f64| seconds * 1000.0 / c.events * per_order;
+            split.machine += ms(c.cpu.machine);
+            split.postgres += ms(c.cpu.postgres);
+            split.load_generator += ms(c.cpu.load_generator);
+        }
+        split.machine_percent = f64::NAN;
+        split.kafka = f64::NAN;
+        split
     }
 }
 
@@ -365,6 +490,8 @@ pub struct Report {
     /// server: 1 / Σ (transactions of that kind per order / its tps), the provider's
     /// charge among them.
     pub ceiling_orders_per_second: f64,
+    /// The end-to-end ratio's target: the share of the ceiling the saga should settle.
+    pub end_to_end_target: f64,
     pub ratios: Vec<Ratio>,
     pub services: BTreeMap<String, ServiceSummary>,
     pub effects: Effects,
@@ -524,7 +651,7 @@ impl Report {
                 fmt(o.to_notified_ms.p50),
                 fmt(o.to_notified_ms.p99),
                 fmt(o.confirmed_drain_seconds),
-                step.machine_busy_percent,
+                step.cpu.machine_percent,
                 loads(&step.load_average),
             );
         }
@@ -645,6 +772,9 @@ impl Report {
             fmt(self.ceiling_orders_per_second),
             fmt(self.max_sustained_per_second)
         );
+        if self.machine.same_box {
+            md.push_str(&self.cpu_per_order());
+        }
 
         let rss_target = self
             .services

@@ -38,7 +38,8 @@ use crate::measure::{self, Percentiles, Work};
 use crate::pgbench;
 use crate::procs::{self, Running, ServiceSpec, StackEnv, Usage};
 use crate::report::{
-    Capacity, Machine, ProviderCall, Pruning, Ratio, Report, ServiceSummary, Step,
+    Capacity, Machine, ORDER_TRANSACTIONS, ProviderCall, Pruning, Ratio, Report, ServiceSummary,
+    Step,
 };
 use crate::sql::{self, Database, Transaction};
 
@@ -340,18 +341,12 @@ async fn load_step(
 ) -> anyhow::Result<Step> {
     log(format!("{name}: {shape} for {:?}", plan.step));
     stack.usage();
-    let machine_before = procs::machine_ticks();
+    let before = procs::Ticks::now();
     let load = generator.run(shape, plan.step, &tag).await;
     let warmup = (plan.step / 5).min(Duration::from_secs(3));
     let outcome = measure::step_outcome(databases, &tag, warmup, Duration::from_secs(120)).await?;
-    let machine_after = procs::machine_ticks();
+    let cpu = procs::Ticks::now().since(&before, stack.tick_hz);
     let usage = stack.usage();
-    let machine_busy_percent = match (machine_before, machine_after) {
-        (Some((busy0, total0)), Some((busy1, total1))) if total1 > total0 => {
-            (busy1 - busy0) as f64 * 100.0 / (total1 - total0) as f64
-        }
-        _ => f64::NAN,
-    };
     let offered_per_second = match shape {
         Shape::Open { rate } => rate,
         Shape::Closed { .. } => load.placed_per_second(),
@@ -372,7 +367,7 @@ async fn load_step(
         load,
         outcome,
         usage,
-        machine_busy_percent,
+        cpu,
         load_average: procs::load_average(),
     };
     log(format!(
@@ -1219,17 +1214,17 @@ fn assemble(
             .find(|c| c.name == name)
             .map_or(f64::NAN, |c| c.events_per_second)
     };
-    // Per order: one create, charge (its read-ahead included), provider's charge, apply
-    // and notify, and four outbox rows published (order.created, payment result,
-    // outcome, notification.sent), all on one server.
     let ceiling_orders_per_second = 1.0
-        / (1.0 / rate("create")
-            + 1.0 / rate("charge")
-            + 1.0 / rate("provider")
-            + 1.0 / rate("apply")
-            + 1.0 / rate("notify")
-            + 4.0 / rate("relay"));
+        / ORDER_TRANSACTIONS
+            .iter()
+            .map(|&(name, per_order)| per_order / rate(name))
+            .sum::<f64>();
     let max_sustained_per_second = max_sustained(&steps);
+    let end_to_end_target = if settings.consumer_batch > 1 {
+        END_TO_END_BATCHED_TARGET
+    } else {
+        END_TO_END_TARGET
+    };
     let relay_best = [
         &capacity.relay_orders_created,
         &capacity.relay_payments,
@@ -1329,11 +1324,7 @@ fn assemble(
             "end to end, orders confirmed and notified",
             max_sustained_per_second,
             ceiling_orders_per_second,
-            Some(if settings.consumer_batch > 1 {
-                END_TO_END_BATCHED_TARGET
-            } else {
-                END_TO_END_TARGET
-            }),
+            Some(end_to_end_target),
         ),
     ];
 
@@ -1383,6 +1374,7 @@ fn assemble(
         pruning,
         ceilings,
         ceiling_orders_per_second,
+        end_to_end_target,
         ratios,
         services,
         effects,
