@@ -303,6 +303,17 @@ pub struct CpuSplit {
     pub load_generator: f64,
 }
 
+impl CpuSplit {
+    /// A phase not measured, so that every figure made from it shows as such.
+    pub const UNMEASURED: Self = Self {
+        machine: f64::NAN,
+        machine_percent: f64::NAN,
+        postgres: f64::NAN,
+        kafka: f64::NAN,
+        load_generator: f64::NAN,
+    };
+}
+
 /// `/proc/loadavg`'s three averages.
 pub fn load_average() -> [f64; 3] {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

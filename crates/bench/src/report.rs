@@ -302,6 +302,8 @@ impl Report {
         md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         let mut row = |label: &str, rate: f64, ms: [f64; 5]| {
             let [postgres, kafka, services, load, busy] = ms;
+            // A part the phase did not have (NaN: the ceiling's broker and services) takes
+            // nothing from the rest.
             let rest = busy - postgres - kafka.max(0.0) - services.max(0.0) - load;
             let _ = writeln!(
                 md,
@@ -348,11 +350,18 @@ impl Report {
                 ],
             );
         }
-        let highest = self.steps.iter().filter(|s| s.sustained).max_by(|a, b| {
-            a.load
-                .placed_per_second()
-                .total_cmp(&b.load.placed_per_second())
-        });
+        // The step the end-to-end ratio takes its rate from.
+        let settled = |s: &Step| {
+            s.outcome
+                .confirmed
+                .per_second
+                .min(s.outcome.notified.per_second)
+        };
+        let highest = self
+            .steps
+            .iter()
+            .filter(|s| s.sustained)
+            .max_by(|a, b| settled(a).total_cmp(&settled(b)));
         if let Some(step) = highest {
             let orders = step.load.placed as f64;
             let goal = self.end_to_end_target * self.ceiling_orders_per_second;
@@ -381,22 +390,19 @@ impl Report {
         let mut split = CpuSplit::default();
         for (name, per_order) in ORDER_TRANSACTIONS {
             let Some(c) = self.ceilings.iter().find(|c| c.name == name) else {
-                return CpuSplit {
-                    machine: f64::NAN,
-                    machine_percent: f64::NAN,
-                    postgres: f64::NAN,
-                    kafka: f64::NAN,
-                    load_generator: f64::NAN,
-                };
+                return CpuSplit::UNMEASURED;
             };
             let ms = |seconds: f64| seconds * 1000.0 / c.events * per_order;
             split.machine += ms(c.cpu.machine);
             split.postgres += ms(c.cpu.postgres);
             split.load_generator += ms(c.cpu.load_generator);
         }
-        split.machine_percent = f64::NAN;
-        split.kafka = f64::NAN;
-        split
+        // pgbench's runs have no broker, and their share of the machine is per run.
+        CpuSplit {
+            machine_percent: f64::NAN,
+            kafka: f64::NAN,
+            ..split
+        }
     }
 }
 
