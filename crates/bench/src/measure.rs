@@ -92,6 +92,13 @@ pub struct StepOutcome {
     pub hops_ms: Vec<(String, Percentiles)>,
 }
 
+impl StepOutcome {
+    /// Orders per second both confirmed and notified: the saga's rate in the step.
+    pub fn settled_per_second(&self) -> f64 {
+        self.confirmed.per_second.min(self.notified.per_second)
+    }
+}
+
 fn seconds_between(from: OffsetDateTime, to: OffsetDateTime) -> f64 {
     (to - from).as_seconds_f64()
 }

@@ -73,6 +73,13 @@ pub struct Step {
     pub load_average: [f64; 3],
 }
 
+impl Step {
+    /// `seconds` of CPU over the step, in ms per order placed in it.
+    fn cpu_ms_per_order(&self, seconds: f64) -> f64 {
+        seconds * 1000.0 / self.load.placed as f64
+    }
+}
+
 /// Each transaction at full speed with a backlog waiting for it.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Capacity {
@@ -331,8 +338,7 @@ impl Report {
             ],
         );
         for step in &self.steps {
-            let orders = step.load.placed as f64;
-            let per_order = |seconds: f64| seconds * 1000.0 / orders;
+            let per_order = |seconds: f64| step.cpu_ms_per_order(seconds);
             let services: f64 = step.usage.values().map(|u| u.cpu_seconds).sum();
             row(
                 &format!(
@@ -351,23 +357,16 @@ impl Report {
             );
         }
         // The step the end-to-end ratio takes its rate from.
-        let settled = |s: &Step| {
-            s.outcome
-                .confirmed
-                .per_second
-                .min(s.outcome.notified.per_second)
-        };
-        let highest = self
-            .steps
-            .iter()
-            .filter(|s| s.sustained)
-            .max_by(|a, b| settled(a).total_cmp(&settled(b)));
+        let highest = self.steps.iter().filter(|s| s.sustained).max_by(|a, b| {
+            a.outcome
+                .settled_per_second()
+                .total_cmp(&b.outcome.settled_per_second())
+        });
         if let Some(step) = highest {
-            let orders = step.load.placed as f64;
             let goal = self.end_to_end_target * self.ceiling_orders_per_second;
             let budget = cores * 1000.0 / goal;
-            let postgres = step.cpu.postgres * 1000.0 / orders;
-            let busy = step.cpu.machine * 1000.0 / orders;
+            let postgres = step.cpu_ms_per_order(step.cpu.postgres);
+            let busy = step.cpu_ms_per_order(step.cpu.machine);
             let _ = writeln!(
                 md,
                 "\nThe end-to-end target, {:.0}% of the ceiling ({}/s), leaves an order {} ms of these cores' time. At the fastest step that kept up ({}), PostgreSQL alone took {} ms per order ({} ms at the ceiling), and the machine {} ms in all: {:.1} times the budget.",

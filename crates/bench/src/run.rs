@@ -359,11 +359,7 @@ async fn load_step(
             && load.failed == 0
             && load.refused == 0
             && outcome.confirmed_drain_seconds <= SUSTAINED_DRAIN
-            && outcome
-                .confirmed
-                .per_second
-                .min(outcome.notified.per_second)
-                >= KEPT_UP * load.placed_per_second(),
+            && outcome.settled_per_second() >= KEPT_UP * load.placed_per_second(),
         load,
         outcome,
         usage,
@@ -1174,12 +1170,7 @@ fn max_confirmed(steps: &[Step], filter: impl Fn(&Step) -> bool) -> f64 {
     steps
         .iter()
         .filter(|s| filter(s))
-        .map(|s| {
-            s.outcome
-                .confirmed
-                .per_second
-                .min(s.outcome.notified.per_second)
-        })
+        .map(|s| s.outcome.settled_per_second())
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max)
 }
