@@ -793,34 +793,31 @@ impl Transaction {
         }
     }
 
-    /// The relay's bookkeeping for one full batch: read [`RELAY_BATCH`] unpublished rows,
-    /// mark them published. The ids the relay gets from the read are, here, the same
-    /// rows read again in the `UPDATE`'s parameter. Run against a backlog the setup made.
+    /// The relay's bookkeeping for one full batch under a backlog: mark the
+    /// [`RELAY_BATCH`] rows the last look read, read the next ones. The ids the relay
+    /// has from its last look are, here, the oldest unpublished rows read again for the
+    /// statement's parameter (twice, as the statement uses it twice). Run against a
+    /// backlog the setup made.
     pub fn relay() -> Self {
-        let unpublished = format!(
+        let last_look = format!(
             "ARRAY(SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT {RELAY_BATCH})"
         );
         Self {
             name: "relay",
-            what: "outbox relay: read a batch of 100 rows, mark them published",
+            what: "outbox relay: mark a batch of 100 rows published, read the next 100",
             database: Database::Orders,
             source: &OUTBOX,
-            // `RelayStatements::prepare`: the relay prepares its read and its mark once
-            // per session, and runs them from `publish_batch`.
+            // `RelayStatements::prepare`: the relay prepares its statements once per
+            // session, and runs the look from `session`.
             function: "prepare",
             ahead: None,
             variables: Vec::new(),
-            skips: Vec::new(),
-            bindings: vec![
-                Binding {
-                    starts_with: "SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by FROM outbox",
-                    values: vec![RELAY_BATCH.to_string()],
-                },
-                Binding {
-                    starts_with: "UPDATE outbox SET published_at",
-                    values: vec![unpublished],
-                },
-            ],
+            // Only before a session ends, not per look.
+            skips: vec!["UPDATE outbox SET published_at"],
+            bindings: vec![Binding {
+                starts_with: "WITH marked AS ( UPDATE outbox SET published_at",
+                values: vec![last_look, RELAY_BATCH.to_string()],
+            }],
         }
     }
 

@@ -23,7 +23,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tokio_postgres::types::Json;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
@@ -175,8 +175,18 @@ impl OutboxRelay {
         let statements = RelayStatements::prepare(&client).await?;
         tracing::info!("outbox relay active");
         let mut healthy = false;
+        // Rows the broker has acknowledged and the outbox does not say yet are published:
+        // the next look marks them, in the statement that reads the rows after them.
+        let mut acknowledged: Vec<i64> = Vec::new();
         loop {
-            while self.publish_batch(&client, &statements).await? == self.batch_size as usize {}
+            // Every NOTIFY received so far is of a commit the look below will see.
+            while notifications.try_recv().is_ok() {}
+            let rows = client
+                .query(
+                    &statements.mark_and_read,
+                    &[&acknowledged, &self.batch_size],
+                )
+                .await?;
             if !healthy {
                 // Healthy again: the next interruption starts from the shortest delay.
                 // Only once a look at the outbox has worked: resetting on connecting
@@ -185,18 +195,44 @@ impl OutboxRelay {
                 *delays = backoff::backoff();
                 healthy = true;
             }
+            let found = rows.len();
+            let failure;
+            (acknowledged, failure) = self.publish(rows).await;
+            // A crash here publishes the acknowledged rows once more after the restart.
+            failpoint::crash_point_for(failpoint::RELAY_AFTER_ACK, acknowledged.len());
+            if let Some(error) = failure {
+                // Unacknowledged rows stay unpublished and go out in the next session.
+                Self::mark(&client, &statements, &acknowledged).await?;
+                return Err(error);
+            }
+            if found > 0 {
+                // Look again at once: that look marks these rows, and reads what
+                // committed meanwhile.
+                continue;
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 notification = notifications.recv() => {
                     if notification.is_none() {
                         anyhow::bail!("database connection closed");
                     }
-                    // One look serves every NOTIFY that arrived meanwhile.
-                    while notifications.try_recv().is_ok() {}
                 }
                 _ = tokio::time::sleep(self.poll_interval) => {}
             }
         }
+    }
+
+    async fn mark(
+        client: &Client,
+        statements: &RelayStatements,
+        acknowledged: &[i64],
+    ) -> anyhow::Result<()> {
+        if !acknowledged.is_empty() {
+            client
+                .execute(&statements.mark_published, &[&acknowledged])
+                .await?;
+        }
+        Ok(())
     }
 
     /// A dedicated session: the advisory lock and LISTEN belong to it, and its
@@ -224,21 +260,13 @@ impl OutboxRelay {
         Ok((client, rx))
     }
 
-    /// Publishes up to one batch of unpublished rows; returns how many were published.
-    async fn publish_batch(
-        &self,
-        client: &Client,
-        statements: &RelayStatements,
-    ) -> anyhow::Result<usize> {
-        let rows = client
-            .query(&statements.unpublished, &[&self.batch_size])
-            .await?;
-        if rows.is_empty() {
-            return Ok(0);
-        }
+    /// Sends `rows` to the broker; returns the ids of those it acknowledged and, should
+    /// any not be, why.
+    async fn publish(&self, rows: Vec<Row>) -> (Vec<i64>, Option<anyhow::Error>) {
         // Send the whole batch, then await the acknowledgements together: one round trip
         // to the broker per batch rather than per row.
         let mut deliveries = Vec::with_capacity(rows.len());
+        let mut failure = None;
         for row in &rows {
             let id: i64 = row.get("id");
             let topic: String = row.get("topic");
@@ -271,37 +299,30 @@ impl OutboxRelay {
                 .key(&envelope.aggregate_id)
                 .payload(&value)
                 .headers(headers);
-            let delivery = self
-                .producer
-                .send_result(record)
-                .map_err(|(error, _)| anyhow::anyhow!("cannot enqueue {}: {error}", envelope.id))?;
-            deliveries.push((id, topic, delivery));
+            match self.producer.send_result(record) {
+                Ok(delivery) => deliveries.push((id, topic, delivery)),
+                Err((error, _)) => {
+                    // The rows after it must not overtake it: stop here.
+                    failure = Some(anyhow::anyhow!("cannot enqueue {}: {error}", envelope.id));
+                    break;
+                }
+            }
         }
         let mut acknowledged = Vec::with_capacity(deliveries.len());
-        let mut failure = None;
         for (id, topic, delivery) in deliveries {
             match delivery.await {
                 Ok(Ok(_)) => {
                     acknowledged.push(id);
                     // Counted once the broker has it, as the consumers will see it;
-                    // a crash before the UPDATE below publishes it, and counts it, again.
+                    // a crash before the row is marked publishes it, and counts it, again.
                     counter!(metrics::OUTBOX_PUBLISHED, "topic" => topic).increment(1);
                 }
                 Ok(Err((error, _))) => failure = Some(anyhow::anyhow!("outbox row {id}: {error}")),
                 Err(_) => failure = Some(anyhow::anyhow!("outbox row {id}: producer dropped")),
             }
         }
-        // A crash here publishes the acknowledged rows once more after the restart.
-        failpoint::crash_point_for(failpoint::RELAY_AFTER_ACK, acknowledged.len());
-        client
-            .execute(&statements.mark_published, &[&acknowledged])
-            .await?;
         tracing::debug!(published = acknowledged.len(), "outbox batch published");
-        match failure {
-            // Unacknowledged rows stay unpublished and go out on the next attempt.
-            Some(error) => Err(error),
-            None => Ok(acknowledged.len()),
-        }
+        (acknowledged, failure)
     }
 }
 
@@ -309,23 +330,29 @@ impl OutboxRelay {
 /// the outbox hundreds of times a second, and a statement given as text is parsed and
 /// planned again on every call, in a round trip of its own before the one that runs it.
 struct RelayStatements {
-    /// Up to a batch of unpublished rows, oldest first (the partial index on
-    /// `published_at IS NULL` holds exactly these).
-    unpublished: Statement,
-    /// Marks the rows the broker acknowledged.
+    /// Marks the rows the broker acknowledged since the last look (`$1`) and reads up to
+    /// a batch of unpublished rows after them, oldest first: one round trip and one
+    /// transaction per look. The read does not see the marks made by its own statement,
+    /// hence `id <> ALL($1)`; the partial index on `published_at IS NULL` holds exactly
+    /// the rows it wants.
+    mark_and_read: Statement,
+    /// Marks acknowledged rows alone: when a session ends on a failed send.
     mark_published: Statement,
 }
 
 impl RelayStatements {
     async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
         Ok(Self {
-            unpublished: client
+            mark_and_read: client
                 .prepare(
-                    "SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by
+                    "WITH marked AS (
+                         UPDATE outbox SET published_at = now() WHERE id = ANY($1)
+                     )
+                     SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by
                        FROM outbox
-                      WHERE published_at IS NULL
+                      WHERE published_at IS NULL AND id <> ALL($1)
                       ORDER BY id
-                      LIMIT $1",
+                      LIMIT $2",
                 )
                 .await?,
             mark_published: client
