@@ -94,6 +94,13 @@ pub struct KafkaConfig {
     #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..))]
     pub outbox_poll_interval_ms: u64,
+
+    /// Under load, the least time between the starts of two of the relay's looks (see
+    /// `OutboxRelay::linger`): each row waits at most this long, each look carries the
+    /// rows that committed meanwhile. 0 looks again as soon as a batch is acknowledged.
+    #[arg(long, env = "OUTBOX_LINGER_MS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub outbox_linger_ms: u64,
 }
 
 impl KafkaConfig {
@@ -103,6 +110,10 @@ impl KafkaConfig {
 
     pub fn outbox_poll_interval(&self) -> Duration {
         Duration::from_millis(self.outbox_poll_interval_ms)
+    }
+
+    pub fn outbox_linger(&self) -> Duration {
+        Duration::from_millis(self.outbox_linger_ms)
     }
 }
 

@@ -13,7 +13,7 @@
 //!   order; one order's events are causally ordered, each written after the previous one
 //!   was consumed.)
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::metrics::counter;
 use futures::StreamExt;
@@ -110,6 +110,9 @@ pub struct OutboxRelay {
     poll_interval: Duration,
     /// Rows read, sent and acknowledged together per round trip.
     batch_size: i64,
+    /// After a look that found rows but not a whole batch, how long from its start until
+    /// the next look (see [`OutboxRelay::linger`]).
+    linger: Duration,
 }
 
 impl OutboxRelay {
@@ -123,7 +126,17 @@ impl OutboxRelay {
             producer: producer.create()?,
             poll_interval,
             batch_size: 100,
+            linger: Duration::ZERO,
         })
+    }
+
+    /// Under load, makes the relay look at most once per `linger`, so that each look (a
+    /// transaction, a produce request, a fetch for each consumer) carries the rows that
+    /// committed meanwhile. A row committed after a look that found nothing goes out at
+    /// once, so only rows that arrive in a stream wait, each at most `linger`.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
     }
 
     /// Runs until `shutdown`. Database or broker trouble ends the current session; the
@@ -181,6 +194,7 @@ impl OutboxRelay {
         loop {
             // Every NOTIFY received so far is of a commit the look below will see.
             while notifications.try_recv().is_ok() {}
+            let look = Instant::now();
             let rows = client
                 .query(
                     &statements.mark_and_read,
@@ -205,10 +219,20 @@ impl OutboxRelay {
                 Self::mark(&client, &statements, &acknowledged).await?;
                 return Err(error);
             }
-            if found > 0 {
-                // Look again at once: that look marks these rows, and reads what
-                // committed meanwhile.
+            if found == self.batch_size as usize {
                 continue;
+            }
+            if found > 0 {
+                // Under load a look finds a few rows, each look costing the server a
+                // transaction: wait for more to commit, so that each look carries more.
+                // After a quiet spell the first row still goes out at once.
+                tokio::select! {
+                    _ = shutdown.cancelled() => {
+                        Self::mark(&client, &statements, &acknowledged).await?;
+                        return Ok(());
+                    }
+                    _ = tokio::time::sleep_until((look + self.linger).into()) => continue,
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -336,7 +360,7 @@ struct RelayStatements {
     /// hence `id <> ALL($1)`; the partial index on `published_at IS NULL` holds exactly
     /// the rows it wants.
     mark_and_read: Statement,
-    /// Marks acknowledged rows alone: when a session ends on a failed send.
+    /// Marks acknowledged rows alone: before a session ends.
     mark_published: Statement,
 }
 

@@ -146,7 +146,8 @@ impl Service {
             &self.database_url,
             &self.kafka.kafka_brokers,
             self.kafka.outbox_poll_interval(),
-        )?;
+        )?
+        .linger(self.kafka.outbox_linger());
         tracing::info!(service = self.name, addr = %self.local_addr(), "service started");
 
         let tasks = Tasks::new(shutdown.clone());

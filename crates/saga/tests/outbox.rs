@@ -33,9 +33,27 @@ async fn enqueue(db: &TestDatabase, topic: &str, key: &str, event_id: &str) {
 }
 
 fn relay(db: &TestDatabase, kafka: &TestKafka) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let relay = OutboxRelay::new(&db.url, &kafka.brokers, Duration::from_millis(100)).unwrap();
+    lingering_relay(db, kafka, Duration::ZERO)
+}
+
+fn lingering_relay(
+    db: &TestDatabase,
+    kafka: &TestKafka,
+    linger: Duration,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let relay = OutboxRelay::new(&db.url, &kafka.brokers, Duration::from_millis(100))
+        .unwrap()
+        .linger(linger);
     let shutdown = CancellationToken::new();
     (shutdown.clone(), tokio::spawn(relay.run(shutdown)))
+}
+
+/// Waits until `topic` holds `records` records.
+async fn on_the_topic(kafka: &TestKafka, topic: &str, records: usize) {
+    eventually(WAIT, &format!("{records} records on {topic}"), || async {
+        (kafka.read_all(topic).await.len() == records).then_some(())
+    })
+    .await;
 }
 
 async fn all_published(db: &TestDatabase, rows: i64) {
@@ -291,4 +309,57 @@ async fn a_relay_started_on_a_small_outbox_marks_rows_by_key_once_it_has_grown()
     );
     stop.cancel();
     task.await.unwrap();
+}
+
+/// The rows committed while the relay lingers after a look go out together: the next look
+/// reads them all, and the look after it marks them all, in one transaction (one `now()`).
+#[tokio::test]
+async fn rows_committed_while_the_relay_lingers_go_out_in_one_look() {
+    let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
+    let topic = &kafka.topics.orders;
+    // Far longer than ten inserts take, and than the test waits for anything but them.
+    let (stop, task) = lingering_relay(&db, &kafka, Duration::from_secs(3));
+    enqueue(&db, topic, "k", "first").await;
+    on_the_topic(&kafka, topic, 1).await;
+    for n in 0..10 {
+        enqueue(&db, topic, &format!("k{n}"), &format!("stream-{n}")).await;
+    }
+    all_published(&db, 11).await;
+
+    let marks = db
+        .count(
+            "SELECT count(DISTINCT published_at) FROM outbox WHERE event_id LIKE 'stream-%'",
+            &[],
+        )
+        .await;
+    assert_eq!(
+        marks, 1,
+        "the rows committed during one linger took {marks} marks"
+    );
+    assert_eq!(kafka.read_all(topic).await.len(), 11);
+    stop.cancel();
+    task.await.unwrap();
+}
+
+/// Stopped while it lingers, a relay marks the rows the broker has acknowledged before
+/// it ends, instead of leaving them to be published again by the next relay. (The row
+/// reaches the topic within the test's wait although the linger is ten minutes: the relay
+/// lingers only after a look that found rows, never before one.)
+#[tokio::test]
+async fn a_relay_stopped_while_lingering_marks_what_the_broker_acknowledged() {
+    let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
+    let topic = &kafka.topics.orders;
+    let (stop, task) = lingering_relay(&db, &kafka, Duration::from_secs(600));
+    enqueue(&db, topic, "k", "only").await;
+    on_the_topic(&kafka, topic, 1).await;
+    stop.cancel();
+    task.await.unwrap();
+
+    let unmarked = db
+        .count(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+            &[],
+        )
+        .await;
+    assert_eq!(unmarked, 0, "an acknowledged row was left unmarked");
 }

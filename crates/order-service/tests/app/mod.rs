@@ -59,6 +59,7 @@ pub fn config(db: &TestDatabase, kafka: &TestKafka, idempotency: IdempotencyConf
             kafka_namespace: kafka.namespace.clone(),
             consumer_batch_size: 1,
             outbox_poll_interval_ms: 200,
+            outbox_linger_ms: 10,
         },
         idempotency,
         retention: RetentionConfig::off(),
