@@ -232,26 +232,24 @@ pub async fn step_outcome(
     })
 }
 
-/// An outbox row's `occurred_at` and `published_at`, by (key, type).
+/// An outbox row's `occurred_at`, by (key, type).
 async fn outbox_times(
     client: &tokio_postgres::Client,
     keys: &[String],
-) -> anyhow::Result<HashMap<(String, String), (OffsetDateTime, OffsetDateTime)>> {
+) -> anyhow::Result<HashMap<(String, String), OffsetDateTime>> {
     Ok(client
         .query(
-            "SELECT key, type, occurred_at, published_at FROM outbox
-              WHERE key = ANY($1) AND published_at IS NOT NULL",
+            "SELECT key, type, occurred_at FROM outbox WHERE key = ANY($1)",
             &[&keys],
         )
         .await?
         .iter()
-        .map(|row| ((row.get(0), row.get(1)), (row.get(2), row.get(3))))
+        .map(|row| ((row.get(0), row.get(1)), row.get(2)))
         .collect())
 }
 
-/// The time each hop of the saga took for the orders tagged `tag`: for a relay, from
-/// its row's transaction to the batch that published it; for a consumer, from that
-/// batch to the transaction that applied the event (broker, fetch and queueing).
+/// The time each hop of the saga took for the orders tagged `tag`: from the transaction
+/// that wrote an event to the one that applied it in the next service.
 pub async fn hops(databases: &Databases, tag: &str) -> anyhow::Result<Vec<(String, Percentiles)>> {
     let orders_db = databases.connect(Database::Orders).await?;
     let payments_db = databases.connect(Database::Payments).await?;
@@ -288,16 +286,16 @@ pub async fn hops(databases: &Databases, tag: &str) -> anyhow::Result<Vec<(Strin
         .map(|row| (row.get(0), row.get(1)))
         .collect();
 
-    // "written": the row's transaction began (outbox.occurred_at); "acked": the relay
-    // marked it published after the broker's acknowledgement, by which time the consumer
-    // may already have it, so the consumer hops that follow can be ~0.
-    const NAMES: [&str; 6] = [
-        "order-service relay: order.created written → acked",
-        "… → payment-service applied it",
-        "payment-service relay: payment result written → acked",
-        "… → order-service applied it (confirmed)",
-        "order-service relay: outcome written → acked",
-        "… → notification-service applied it",
+    // "written": the row's transaction began (outbox.occurred_at); "applied": the next
+    // service's transaction that applied it began. Between them: the commit, the relay's
+    // look (up to OUTBOX_LINGER_MS after the one before), the broker, the fetch, the
+    // consumer's queue, and for ChargeOrder the provider's call. The relay's mark is no
+    // end point: it comes with the relay's next look, after the consumer may have applied
+    // the event.
+    const NAMES: [&str; 3] = [
+        "order.created written → payment-service applied it (the provider's call included)",
+        "payment result written → order-service applied it (confirmed)",
+        "outcome written → notification-service applied it",
     ];
     let mut samples: Vec<Vec<u64>> = vec![Vec::new(); NAMES.len()];
     let us = |from: OffsetDateTime, to: OffsetDateTime| {
@@ -314,21 +312,14 @@ pub async fn hops(databases: &Databases, tag: &str) -> anyhow::Result<Vec<(Strin
         let outcome = order_events
             .get(&(key.clone(), saga::events::ORDER_CONFIRMED.to_owned()))
             .or_else(|| order_events.get(&(key.clone(), saga::events::ORDER_CANCELLED.to_owned())));
-        if let Some((occurred, published)) = created {
-            samples[0].push(us(*occurred, *published));
-            if let Some(charged) = charged.get(id) {
-                samples[1].push(us(*published, *charged));
-            }
+        if let (Some(written), Some(charged)) = (created, charged.get(id)) {
+            samples[0].push(us(*written, *charged));
         }
-        if let Some((occurred, published)) = result {
-            samples[2].push(us(*occurred, *published));
-            samples[3].push(us(*published, *confirmed_at));
+        if let Some(written) = result {
+            samples[1].push(us(*written, *confirmed_at));
         }
-        if let Some((occurred, published)) = outcome {
-            samples[4].push(us(*occurred, *published));
-            if let Some(notified) = notified.get(id) {
-                samples[5].push(us(*published, *notified));
-            }
+        if let (Some(written), Some(notified)) = (outcome, notified.get(id)) {
+            samples[2].push(us(*written, *notified));
         }
     }
     Ok(NAMES

@@ -670,7 +670,7 @@ impl Report {
         {
             let _ = writeln!(
                 md,
-                "\nWhere the time goes at half the highest sustained load ({}); \"written\" is when the outbox row's transaction began, \"acked\" when the relay marked it published after the broker's acknowledgement (a consumer may have it by then, so its hop can be ~0):\n",
+                "\nWhere the time goes at half the highest sustained load ({}); each hop from the transaction that wrote the event to the one that applied it in the next service: the relay's look, the broker, the fetch, the consumer's queue:\n",
                 step.name
             );
             md.push_str("| hop | p50 (ms) | p99 (ms) | max (ms) |\n|---|---:|---:|---:|\n");
