@@ -345,7 +345,9 @@ impl OutboxRelay {
                 Err(_) => failure = Some(anyhow::anyhow!("outbox row {id}: producer dropped")),
             }
         }
-        tracing::debug!(published = acknowledged.len(), "outbox batch published");
+        if !acknowledged.is_empty() {
+            tracing::debug!(published = acknowledged.len(), "outbox batch published");
+        }
         (acknowledged, failure)
     }
 }
