@@ -73,6 +73,9 @@ const RESUME_ROOM: usize = PARTITION_QUEUE / 2;
 /// not fetched again for `fetch.queue.backoff.ms`, a second by default, and a paused one
 /// waited that long after every resume.)
 const PARTITION_FETCH_BYTES: &str = "65536";
+/// How long the request that wakes a resumed partition's fetcher may take; only a
+/// blocking-pool thread waits for it.
+const WAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
@@ -371,7 +374,28 @@ impl Lanes {
             }
         }
         self.set_paused(partition, false);
+        self.wake_fetcher(partition);
         true
+    }
+
+    /// Makes librdkafka fetch `partition` now that it is resumed, not up to a second later.
+    ///
+    /// A resume only clears the partition's pause flag (librdkafka 2.12,
+    /// `rd_kafka_toppar_pause_resume`); its broker's thread decides what to fetch when it
+    /// next wakes up, and with every partition paused it has no fetch in flight to wake it:
+    /// it sleeps out its one-second timeout. Draining a backlog, a consumer's partitions
+    /// filled their queues together and then stood idle for up to a second, once or twice
+    /// a backlog. Any request to the partition's leader wakes that thread; asking for the
+    /// partition's watermarks is one small request, once per resume.
+    fn wake_fetcher(&self, partition: i32) {
+        let consumer = self.consumer.clone();
+        let topic = self.topic.clone();
+        // A blocking call, off the runtime's workers; its answer is not needed.
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = consumer.fetch_watermarks(&topic, partition, WAKE_TIMEOUT) {
+                tracing::debug!(partition, %error, "watermarks after a resume not answered");
+            }
+        });
     }
 
     fn set_paused(&self, partition: i32, paused: bool) {
