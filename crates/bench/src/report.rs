@@ -144,7 +144,7 @@ pub struct Pruning {
     pub with: Drain,
 }
 
-/// A run of ChargeOrder from before it called the provider, as the README records it.
+/// A run of ChargeOrder from before it called the provider, as its full run recorded it.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Recorded {
     pub date: &'static str,
@@ -161,8 +161,8 @@ pub struct Recorded {
     pub notify_per_second: f64,
 }
 
-/// The last full runs without the call (README, "Latest full runs"), a transaction per
-/// event and batches of 16.
+/// The last full runs without the call (docs/bench-history.md, "The provider call"), a
+/// transaction per event and batches of 16.
 pub const WITHOUT_CALL: [Recorded; 2] = [
     Recorded {
         date: "2026-12-01",
