@@ -64,7 +64,7 @@ const PARTITION_QUEUE: usize = 1024;
 /// Room a paused partition's queue must have before it is resumed. Not the first free
 /// slot, which would pause and resume it once per record while a backlog drains; and
 /// with half the queue still to apply, its worker stays busy while librdkafka fetches
-/// again after the resume (up to a second, the first time, in the consumer tests).
+/// again after the resume (at once: see [`Lanes::wake_fetcher`]).
 const RESUME_ROOM: usize = PARTITION_QUEUE / 2;
 /// The most the broker sends for one partition in one fetch (librdkafka's
 /// `max.partition.fetch.bytes`, default 1 MiB). Pausing a partition throws away what was
