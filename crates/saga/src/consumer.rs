@@ -388,7 +388,9 @@ impl Lanes {
         true
     }
 
-    /// Makes librdkafka fetch `partition` now that it is resumed, not up to a second later.
+    /// Makes librdkafka fetch `partition` now that it is resumed, not up to a second later;
+    /// with a fetch for the other partitions in flight, as soon as that one returns (within
+    /// [`FETCH_WAIT_MS`]).
     ///
     /// A resume only clears the partition's pause flag (librdkafka 2.12,
     /// `rd_kafka_toppar_pause_resume`); its broker's thread decides what to fetch when it
