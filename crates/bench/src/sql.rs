@@ -4,7 +4,8 @@
 //! commit, not a retyped copy that drifts. So the source files are compiled in
 //! (`include_str!`) and parsed with `syn`: every string literal passed to `execute`,
 //! `query`, `query_one`, … inside a handler's function is one statement, in source order,
-//! and a call to `outbox::enqueue` stands for the outbox insert in `crates/saga/src/outbox.rs`.
+//! and a call to `outbox::enqueue` stands for the outbox's statements in
+//! `crates/saga/src/outbox.rs`.
 //! The handlers keep their SQL at the call site, where a reader of the guards sees it.
 //!
 //! An order's cost is not only its transactions: ChargeOrder reads ahead before it calls
@@ -456,6 +457,16 @@ fn outbox(
     }
 }
 
+/// The setting that spares the outbox's trigger its NOTIFY: a handler writes it before
+/// its row, as the services' handlers run beside their active relay, which they wake in
+/// memory.
+fn without_notify() -> Binding {
+    Binding {
+        starts_with: "SELECT set_config('saga.outbox_notify'",
+        values: Vec::new(),
+    }
+}
+
 /// Guard 1's claim of `event_id`, read from `topic` at a partition and offset of the
 /// same width as a real one's.
 fn claim(event_id: String, topic: &str) -> Binding {
@@ -556,6 +567,7 @@ impl Transaction {
                         format!("ARRAY[{PRICE_CENTS}]"),
                     ],
                 },
+                without_notify(),
                 outbox(
                     format!("{ORDER_ID}::text"),
                     "orders",
@@ -628,6 +640,7 @@ impl Transaction {
                         format!("'ch_' || md5({ORDER_ID}::text)"),
                     ],
                 },
+                without_notify(),
                 outbox(
                     // Ids keep their length; `-` for the `:` pgbench would misread.
                     format!("{ORDER_ID}::text || '-payment'"),
@@ -732,6 +745,7 @@ impl Transaction {
                     starts_with: "UPDATE orders SET status",
                     values: vec![PENDING_ORDER_ID.into(), text("confirmed"), "NULL".into()],
                 },
+                without_notify(),
                 Binding {
                     starts_with: "INSERT INTO outbox",
                     values: vec![
@@ -782,6 +796,7 @@ impl Transaction {
                         text(&message),
                     ],
                 },
+                without_notify(),
                 outbox(
                     format!("{ORDER_ID}::text || '-outcome-notification'"),
                     "notifications",
@@ -978,9 +993,11 @@ mod tests {
 
     #[test]
     fn the_handlers_statements_are_the_ones_the_scripts_run() {
-        // The outbox insert is spliced in where the handlers call outbox::enqueue.
+        // The outbox's statements (the NOTIFY's setting, the insert) are spliced in where
+        // the handlers call outbox::enqueue.
         let enqueue = extract_plain(&OUTBOX, "enqueue").unwrap().statements;
-        assert_eq!(enqueue.len(), 1);
+        assert_eq!(enqueue.len(), 2);
+        assert!(enqueue[0].contains("saga.outbox_notify"), "{enqueue:?}");
         let charge = Transaction::charge().extracted().unwrap();
         assert!(charge.transactional);
         assert_eq!(charge.statements.last(), enqueue.last());

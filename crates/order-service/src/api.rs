@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use deadpool_postgres::Pool;
+use saga::LocalRelay;
 use saga::config::IdempotencyConfig;
 use saga::http::BodyError;
 use saga::idempotency::{self, Fingerprint, IdempotencyKey, KeyError};
@@ -39,6 +40,7 @@ const ORDERS: &str = "/v1/orders";
 #[derive(Clone)]
 struct AppState {
     pool: Pool,
+    relay: LocalRelay,
     topics: Topics,
     idempotency: IdempotencyConfig,
     admission: Admission,
@@ -46,6 +48,7 @@ struct AppState {
 
 pub fn router(
     pool: Pool,
+    relay: LocalRelay,
     topics: Topics,
     idempotency: IdempotencyConfig,
     admission: Admission,
@@ -59,6 +62,7 @@ pub fn router(
         )
         .with_state(AppState {
             pool,
+            relay,
             topics,
             idempotency,
             admission,
@@ -206,6 +210,7 @@ async fn place_order(
     state.admission.admit().map_err(ApiError::SagaBehind)?;
     let placed = orders::place_order(
         &state.pool,
+        Some(&state.relay),
         &state.topics,
         request.customer_id.trim(),
         &lines,

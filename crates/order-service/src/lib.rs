@@ -100,6 +100,7 @@ impl Application {
         self.service.run_also("admission", watcher);
         let router = api::router(
             self.service.pool.clone(),
+            self.service.relay.clone(),
             topics.clone(),
             self.idempotency,
             admission,

@@ -8,7 +8,7 @@ use deadpool_postgres::Pool;
 use saga::events::{self, OrderCreated, OrderItem};
 use saga::idempotency::{Fingerprint, IdempotencyKey};
 use saga::outbox::{self, NewEvent};
-use saga::{Topics, Transaction};
+use saga::{LocalRelay, Topics, Transaction};
 use serde::Serialize;
 use time::OffsetDateTime;
 use tokio_postgres::error::SqlState;
@@ -130,6 +130,7 @@ pub enum PlaceOrderError {
 /// the retry places the order.
 pub async fn place_order(
     pool: &Pool,
+    relay: Option<&LocalRelay>,
     topics: &Topics,
     customer_id: &str,
     lines: &[NewLine],
@@ -140,7 +141,7 @@ pub async fn place_order(
     // every call: parsing and planning it again, and the extra round trip that takes,
     // cost more than running it. The BEGIN goes out with the first statement, and the
     // writes whose result nothing reads with the COMMIT (`Transaction::pipeline`).
-    let tx = Transaction::begin(&client);
+    let tx = Transaction::begin(&client).waking(relay);
 
     // `now()` is the transaction's start: the order's time, known before anything is
     // written, so that the answer stored with the key is the one the commit makes true.

@@ -33,7 +33,7 @@ impl Fixture {
             product_id: KEYBOARD.parse().unwrap(),
             quantity: 2,
         }];
-        match orders::place_order(&self.db.pool, &self.topics, "cust-1", &lines, None).await {
+        match orders::place_order(&self.db.pool, None, &self.topics, "cust-1", &lines, None).await {
             Ok(orders::Placed::New { order, .. }) => order.id,
             other => panic!("an order without a key is placed, not {other:?}"),
         }

@@ -15,6 +15,7 @@ use futures::future::join_all;
 
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::failpoint;
+use crate::outbox::LocalRelay;
 use crate::transaction::Transaction;
 
 /// What applying one event did. Every variant means "done": the offset may be committed.
@@ -187,11 +188,23 @@ pub trait Handler: Send + Sync + 'static {
 pub struct Applier<H> {
     pool: Pool,
     handler: H,
+    /// The outbox relay the transactions run beside ([`Transaction::waking`]).
+    relay: Option<LocalRelay>,
 }
 
 impl<H: Handler> Applier<H> {
     pub fn new(pool: Pool, handler: H) -> Self {
-        Self { pool, handler }
+        Self {
+            pool,
+            handler,
+            relay: None,
+        }
+    }
+
+    /// Runs the transactions beside `relay`, this process's outbox relay.
+    pub fn waking(mut self, relay: LocalRelay) -> Self {
+        self.relay = Some(relay);
+        self
     }
 
     /// Applies `event` in a transaction of its own.
@@ -222,7 +235,7 @@ impl<H: Handler> Applier<H> {
             Step::Done(outcome) => return Ok(outcome),
         };
         let client = self.pool.get().await?;
-        let tx = Transaction::begin(&client);
+        let tx = Transaction::begin(&client).waking(self.relay.as_ref());
         let outcome = self.handler.apply(&tx, event, prepared).await?;
         failpoint::crash_point(failpoint::HANDLER_BEFORE_COMMIT);
         tx.commit().await?;
@@ -275,7 +288,7 @@ impl<H: Handler> Applier<H> {
             .count();
         let mut outcomes = Vec::with_capacity(events.len());
         let client = self.pool.get().await?;
-        let tx = Transaction::begin(&client);
+        let tx = Transaction::begin(&client).waking(self.relay.as_ref());
         for (event, step) in events.iter().zip(steps) {
             outcomes.push(match step {
                 Step::Apply(prepared) => self.handler.apply(&tx, event, prepared).await?,

@@ -53,5 +53,5 @@ pub mod transaction;
 pub use envelope::{Delivery, Envelope, EnvelopeError};
 pub use handler::{Applier, Handler, HandlerError, Outcome, Retry, Step};
 pub use kafka::Topics;
-pub use outbox::OutboxRelay;
+pub use outbox::{LocalRelay, OutboxRelay};
 pub use transaction::Transaction;

@@ -13,15 +13,17 @@
 //!   order; one order's events are causally ordered, each written after the previous one
 //!   was consumed.)
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ::metrics::counter;
-use futures::StreamExt;
+use futures::{FutureExt as _, StreamExt};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Serialize;
 use time::OffsetDateTime;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_postgres::types::Json;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 use tokio_util::sync::CancellationToken;
@@ -56,10 +58,23 @@ pub struct NewEvent<'a, P: Serialize> {
 /// there. The statement is prepared once per pooled connection, like the handlers' own:
 /// it runs in every transaction that changes state, so parsing it each time would cost a
 /// round trip per event.
+///
+/// When the transaction runs beside the active relay ([`Transaction::waking`]), it tells
+/// the outbox's trigger not to NOTIFY, and wakes the relay in memory once it has
+/// committed (see [`LocalRelay`]).
 pub async fn enqueue<P: Serialize>(
     tx: &Transaction<'_>,
     event: &NewEvent<'_, P>,
 ) -> Result<(), tokio_postgres::Error> {
+    if tx.wakes_relay_in_memory() {
+        // Transaction-local: the pooled session NOTIFYs again in its next transaction
+        // unless that one says otherwise too.
+        tx.pipeline(
+            tx.prepare_cached("SELECT set_config('saga.outbox_notify', 'off', true)")
+                .await?,
+            Vec::new(),
+        );
+    }
     let insert = tx
         .prepare_cached(
             "INSERT INTO outbox (event_id, topic, key, type, payload, caused_by)
@@ -85,6 +100,60 @@ pub async fn enqueue<P: Serialize>(
 /// Held by the active relay for its whole database session.
 const RELAY_LOCK: i64 = 0x6f75_7462_6f78; // "outbox"
 
+/// This process's relay, as the writers beside it see it: whether it is the active relay
+/// of its database, and a way to wake it.
+///
+/// The outbox's trigger NOTIFYs the relay of every commit that wrote a row, and a
+/// NOTIFYing transaction holds one lock for the whole cluster from just before its commit
+/// until the commit is flushed: every such transaction, in every database of the server,
+/// commits one after another. A writer in the process whose relay holds the relay's lock
+/// has no need of the server to reach it, so it skips the NOTIFY and wakes the relay after
+/// its commit, here, and commits beside the others. Writers anywhere else (another
+/// instance, `psql`) keep the NOTIFY. One relay per handle.
+///
+/// A writer decides when it writes its row. Should the relay's session end before the
+/// commit, the relay that takes over looks at the outbox when it starts, and a row
+/// committed after that look, unannounced, waits for its next poll at most.
+#[derive(Clone, Debug, Default)]
+pub struct LocalRelay(Arc<LocalRelayState>);
+
+#[derive(Debug, Default)]
+struct LocalRelayState {
+    /// Set while the relay holds the relay's lock and listens.
+    active: AtomicBool,
+    /// A wake-up sent with no relay waiting is kept for its next wait, so none is lost
+    /// between a look and the wait after it.
+    wake: Notify,
+}
+
+impl LocalRelay {
+    /// Whether this process's relay is the one publishing its database's outbox.
+    pub fn is_active(&self) -> bool {
+        self.0.active.load(Ordering::Acquire)
+    }
+
+    /// Wakes the relay: a transaction that skipped the NOTIFY has committed.
+    pub fn wake(&self) {
+        self.0.wake.notify_one();
+    }
+
+    /// Marks the relay active until the returned guard is dropped: however its session
+    /// ends, writers NOTIFY again from then on.
+    fn activate(&self) -> Active {
+        self.0.active.store(true, Ordering::Release);
+        Active(self.clone())
+    }
+}
+
+/// The relay's session holds the lock: see [`LocalRelay::activate`].
+struct Active(LocalRelay);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.0.active.store(false, Ordering::Release);
+    }
+}
+
 /// The relay's session commits its marks without waiting for the WAL to reach the disk.
 /// A mark lost with a crash of the server means only that its rows are published again,
 /// which the consumers' inbox absorbs, the same as a relay crash between the broker's
@@ -106,13 +175,15 @@ const RELAY_PLAN_CACHE_MODE: &str = "force_custom_plan";
 pub struct OutboxRelay {
     database: tokio_postgres::Config,
     producer: FutureProducer,
-    /// How long to wait for a NOTIFY before looking anyway.
+    /// How long to wait for a NOTIFY or a wake-up before looking anyway.
     poll_interval: Duration,
     /// Rows read, sent and acknowledged together per round trip.
     batch_size: i64,
     /// After a look that found rows but not a whole batch, how long from its start until
     /// the next look (see [`OutboxRelay::linger`]).
     linger: Duration,
+    /// Writers in this process, which wake the relay without a NOTIFY while it is active.
+    local: LocalRelay,
 }
 
 impl OutboxRelay {
@@ -127,7 +198,15 @@ impl OutboxRelay {
             poll_interval,
             batch_size: 100,
             linger: Duration::ZERO,
+            local: LocalRelay::default(),
         })
+    }
+
+    /// Lets the writers holding `local` wake this relay in memory rather than by NOTIFY
+    /// ([`LocalRelay`]); without it, every writer NOTIFYs.
+    pub fn woken_by(mut self, local: LocalRelay) -> Self {
+        self.local = local;
+        self
     }
 
     /// Under load, makes the relay look at most once per `linger`, so that each look (a
@@ -186,14 +265,19 @@ impl OutboxRelay {
             ))
             .await?;
         let statements = RelayStatements::prepare(&client).await?;
+        // Before the first look: a writer that skips the NOTIFY from now on either
+        // committed before that look, which sees its row, or wakes the relay after it.
+        let _active = self.local.activate();
         tracing::info!("outbox relay active");
         let mut healthy = false;
         // Rows the broker has acknowledged and the outbox does not say yet are published:
         // the next look marks them, in the statement that reads the rows after them.
         let mut acknowledged: Vec<i64> = Vec::new();
         loop {
-            // Every NOTIFY received so far is of a commit the look below will see.
+            // Every NOTIFY or wake-up received so far is of a commit the look below will
+            // see.
             while notifications.try_recv().is_ok() {}
+            let _ = self.local.0.wake.notified().now_or_never();
             let look = Instant::now();
             let rows = client
                 .query(
@@ -241,6 +325,7 @@ impl OutboxRelay {
                         anyhow::bail!("database connection closed");
                     }
                 }
+                _ = self.local.0.wake.notified() => {}
                 _ = tokio::time::sleep(self.poll_interval) => {}
             }
         }

@@ -20,7 +20,7 @@ use crate::config::{DatabaseConfig, HttpLimits, KafkaConfig, RetentionConfig};
 use crate::consumer::{self, ConsumerSettings};
 use crate::db;
 use crate::retention::{self, Target, Window};
-use crate::{Applier, Handler, OutboxRelay, Topics, backoff};
+use crate::{Applier, Handler, LocalRelay, OutboxRelay, Topics, backoff};
 
 /// A service between start-up and shutdown.
 pub struct Service {
@@ -28,6 +28,9 @@ pub struct Service {
     pub name: &'static str,
     /// The HTTP handlers'.
     pub pool: Pool,
+    /// This service's outbox relay, for transactions that write the outbox
+    /// ([`crate::Transaction::waking`]); the consumer's already run beside it.
+    pub relay: LocalRelay,
     /// The consumer's partitions'.
     consumer_pool: Pool,
     listener: TcpListener,
@@ -76,6 +79,7 @@ impl Service {
         Ok(Self {
             name,
             pool: db::pool(&database.database_url, database.database_pool_size)?,
+            relay: LocalRelay::default(),
             consumer_pool: db::pool(&database.database_url, database.consumer_pool_size)?,
             listener,
             database_url: database.database_url.clone(),
@@ -147,7 +151,8 @@ impl Service {
             &self.kafka.kafka_brokers,
             self.kafka.outbox_poll_interval(),
         )?
-        .linger(self.kafka.outbox_linger());
+        .linger(self.kafka.outbox_linger())
+        .woken_by(self.relay.clone());
         tracing::info!(service = self.name, addr = %self.local_addr(), "service started");
 
         let tasks = Tasks::new(shutdown.clone());
@@ -162,7 +167,9 @@ impl Service {
             "http",
             crate::http::serve(self.listener, router, shutdown.clone()),
         );
-        let applier = Arc::new(Applier::new(self.consumer_pool, subscription.handler));
+        let applier = Arc::new(
+            Applier::new(self.consumer_pool, subscription.handler).waking(self.relay.clone()),
+        );
         tasks.spawn(
             "consumer",
             consumer::run(settings, applier, shutdown.clone()),

@@ -35,6 +35,8 @@ use futures::future::{MaybeDone, maybe_done};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Error, Row, Statement, ToStatement};
 
+use crate::outbox::LocalRelay;
+
 /// A request sent (or about to be) whose answer is only checked for an error.
 type Queued<'c> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'c>>;
 
@@ -50,6 +52,11 @@ pub struct Transaction<'c> {
     /// back.
     begun: AtomicBool,
     done: bool,
+    /// The relay beside which this transaction runs, if any ([`Transaction::waking`]).
+    relay: Option<LocalRelay>,
+    /// Whether an outbox row was written without a NOTIFY, so the commit must wake the
+    /// relay itself.
+    wake_relay: AtomicBool,
 }
 
 impl<'c> Transaction<'c> {
@@ -60,7 +67,27 @@ impl<'c> Transaction<'c> {
             queued: Mutex::new(vec![Box::pin(client.batch_execute("BEGIN"))]),
             begun: AtomicBool::new(false),
             done: false,
+            relay: None,
+            wake_relay: AtomicBool::new(false),
         }
+    }
+
+    /// Runs the transaction beside `relay`, this process's outbox relay: while that relay
+    /// is the active one, the outbox rows this transaction writes reach it in memory, not
+    /// by NOTIFY ([`LocalRelay`]). `None` leaves the NOTIFY to the outbox's trigger.
+    pub fn waking(mut self, relay: Option<&LocalRelay>) -> Self {
+        self.relay = relay.cloned();
+        self
+    }
+
+    /// Called by [`crate::outbox::enqueue`]: whether the row it writes goes without a
+    /// NOTIFY, this transaction waking the relay after its commit instead.
+    pub(crate) fn wakes_relay_in_memory(&self) -> bool {
+        let local = self.relay.as_ref().is_some_and(LocalRelay::is_active);
+        if local {
+            self.wake_relay.store(true, Ordering::Relaxed);
+        }
+        local
     }
 
     /// The statement prepared once per pooled connection (deadpool's statement cache): a
@@ -130,7 +157,13 @@ impl<'c> Transaction<'c> {
             return Ok(());
         }
         self.behind_queued(self.client.batch_execute("COMMIT"))
-            .await
+            .await?;
+        if self.wake_relay.load(Ordering::Relaxed)
+            && let Some(relay) = &self.relay
+        {
+            relay.wake();
+        }
+        Ok(())
     }
 
     /// Sends the queued requests, in order, then `request`, and waits for all of them.

@@ -1,13 +1,17 @@
 //! The outbox and its relay against the real database and broker.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use rdkafka::message::Message;
 use saga::outbox::{self, NewEvent};
-use saga::{Envelope, OutboxRelay, Transaction};
+use saga::{Envelope, LocalRelay, OutboxRelay, Transaction};
 use saga_testkit::{TestDatabase, TestKafka, eventually, header};
 use serde_json::json;
+use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -362,4 +366,153 @@ async fn a_relay_stopped_while_lingering_marks_what_the_broker_acknowledged() {
         )
         .await;
     assert_eq!(unmarked, 0, "an acknowledged row was left unmarked");
+}
+
+/// Long enough that a relay woken by neither a NOTIFY nor its writers never looks again
+/// within [`WAIT`]: what it publishes, it was woken for.
+const NEVER: Duration = Duration::from_secs(3600);
+
+/// A relay that looks only when woken, with the handle its writers wake it by.
+fn relay_woken_by(
+    db: &TestDatabase,
+    kafka: &TestKafka,
+    local: &LocalRelay,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let relay = OutboxRelay::new(&db.url, &kafka.brokers, NEVER)
+        .unwrap()
+        .woken_by(local.clone());
+    let shutdown = CancellationToken::new();
+    (shutdown.clone(), tokio::spawn(relay.run(shutdown)))
+}
+
+/// Enqueues `event_id` in a transaction beside `local`.
+async fn enqueue_beside(db: &TestDatabase, local: &LocalRelay, topic: &str, event_id: &str) {
+    let client = db.client().await;
+    let tx = Transaction::begin(&client).waking(Some(local));
+    outbox::enqueue(
+        &tx,
+        &NewEvent {
+            event_id,
+            topic,
+            key: "k",
+            event_type: "order.created",
+            payload: &json!({ "n": event_id }),
+            caused_by: None,
+        },
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// Counts the NOTIFYs on the outbox's channel, in a session of its own that listens for
+/// as long as the returned client lives.
+async fn count_notifications(db: &TestDatabase) -> (tokio_postgres::Client, Arc<AtomicUsize>) {
+    let (client, mut connection) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let AsyncMessage::Notification(_) = message {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    client.batch_execute("LISTEN outbox").await.unwrap();
+    (client, count)
+}
+
+async fn is_published(db: &TestDatabase, event_id: &str) -> bool {
+    db.count(
+        "SELECT count(*) FROM outbox WHERE event_id = $1 AND published_at IS NOT NULL",
+        &[&event_id],
+    )
+    .await
+        == 1
+}
+
+async fn until_active(local: &LocalRelay) {
+    eventually(WAIT, "the relay to take the lock", || async {
+        local.is_active().then_some(())
+    })
+    .await;
+}
+
+/// Each writer waits for its row before writing the next, so each row is published only
+/// if its own commit woke the relay: the relay never polls, and no NOTIFY is sent. Four
+/// writers at once wake it while it looks, publishes and waits, in every order.
+#[tokio::test]
+async fn writers_beside_the_active_relay_wake_it_in_memory_and_send_no_notify() {
+    const WRITERS: usize = 4;
+    const ROWS_EACH: usize = 100;
+    let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
+    let topic = &kafka.topics.orders;
+    let local = LocalRelay::default();
+    let (stop, task) = relay_woken_by(&db, &kafka, &local);
+    until_active(&local).await;
+    let (_listening, notifications) = count_notifications(&db).await;
+
+    let writers = (0..WRITERS).map(|writer| {
+        let (db, local) = (&db, &local);
+        async move {
+            for n in 0..ROWS_EACH {
+                let event_id = format!("writer-{writer}-{n}");
+                enqueue_beside(db, local, topic, &event_id).await;
+                tokio::time::timeout(WAIT, async {
+                    while !is_published(db, &event_id).await {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| panic!("{event_id} committed and never published"));
+            }
+        }
+    });
+    futures::future::join_all(writers).await;
+
+    // A writer that is not beside the relay NOTIFYs, and the listener hears it: the
+    // count of zero before it is one the listener could have told.
+    enqueue(&db, topic, "k", "from-elsewhere").await;
+    all_published(&db, (WRITERS * ROWS_EACH + 1) as i64).await;
+    eventually(WAIT, "the NOTIFY of the row from elsewhere", || async {
+        (notifications.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        notifications.load(Ordering::SeqCst),
+        1,
+        "the writers beside the active relay sent NOTIFYs"
+    );
+    on_the_topic(&kafka, topic, WRITERS * ROWS_EACH + 1).await;
+    stop.cancel();
+    task.await.unwrap();
+    assert!(
+        !local.is_active(),
+        "a stopped relay still counted as active"
+    );
+}
+
+/// With two instances, the writers beside the standby NOTIFY the active relay, in the
+/// other instance, which would otherwise not hear of their rows until it polls.
+#[tokio::test]
+async fn writers_beside_a_standby_relay_notify_the_active_one() {
+    let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
+    let topic = &kafka.topics.orders;
+    let (active_local, standby_local) = (LocalRelay::default(), LocalRelay::default());
+    let (stop_active, active) = relay_woken_by(&db, &kafka, &active_local);
+    until_active(&active_local).await;
+    let (stop_standby, standby) = relay_woken_by(&db, &kafka, &standby_local);
+
+    for n in 0..20 {
+        let event_id = format!("beside-the-standby-{n}");
+        enqueue_beside(&db, &standby_local, topic, &event_id).await;
+        all_published(&db, n + 1).await;
+    }
+    assert!(!standby_local.is_active());
+    on_the_topic(&kafka, topic, 20).await;
+    for (stop, task) in [(stop_active, active), (stop_standby, standby)] {
+        stop.cancel();
+        task.await.unwrap();
+    }
 }
