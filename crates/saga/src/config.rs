@@ -90,7 +90,8 @@ pub struct KafkaConfig {
           value_parser = clap::value_parser!(u32).range(1..=1000).map(|n| n as usize))]
     pub consumer_batch_size: usize,
 
-    /// How often the outbox relay looks for unpublished rows when no NOTIFY woke it.
+    /// How often the outbox relay looks for unpublished rows when nothing woke it (a
+    /// NOTIFY, or a transaction of this service that wrote the outbox).
     #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..))]
     pub outbox_poll_interval_ms: u64,
