@@ -66,9 +66,9 @@ pub async fn enqueue<P: Serialize>(
     tx: &Transaction<'_>,
     event: &NewEvent<'_, P>,
 ) -> Result<(), tokio_postgres::Error> {
-    if tx.wakes_relay_in_memory() {
-        // Transaction-local: the pooled session NOTIFYs again in its next transaction
-        // unless that one says otherwise too.
+    if tx.first_row_without_notify() {
+        // Transaction-local, once per transaction (a batch writes many rows): the pooled
+        // session NOTIFYs again in its next transaction unless that one says otherwise.
         tx.pipeline(
             tx.prepare_cached("SELECT set_config('saga.outbox_notify', 'off', true)")
                 .await?,

@@ -80,14 +80,12 @@ impl<'c> Transaction<'c> {
         self
     }
 
-    /// Called by [`crate::outbox::enqueue`]: whether the row it writes goes without a
-    /// NOTIFY, this transaction waking the relay after its commit instead.
-    pub(crate) fn wakes_relay_in_memory(&self) -> bool {
-        let local = self.relay.as_ref().is_some_and(LocalRelay::is_active);
-        if local {
-            self.wake_relay.store(true, Ordering::Relaxed);
-        }
-        local
+    /// Called by [`crate::outbox::enqueue`] for each row: true for the transaction's first
+    /// row written beside the active relay, which tells the trigger to skip the NOTIFY
+    /// for the rest of the transaction; the commit then wakes the relay itself.
+    pub(crate) fn first_row_without_notify(&self) -> bool {
+        self.relay.as_ref().is_some_and(LocalRelay::is_active)
+            && !self.wake_relay.swap(true, Ordering::Relaxed)
     }
 
     /// The statement prepared once per pooled connection (deadpool's statement cache): a

@@ -385,23 +385,25 @@ fn relay_woken_by(
     (shutdown.clone(), tokio::spawn(relay.run(shutdown)))
 }
 
-/// Enqueues `event_id` in a transaction beside `local`.
-async fn enqueue_beside(db: &TestDatabase, local: &LocalRelay, topic: &str, event_id: &str) {
+/// Enqueues `event_ids` in one transaction beside `local`.
+async fn enqueue_beside(db: &TestDatabase, local: &LocalRelay, topic: &str, event_ids: &[String]) {
     let client = db.client().await;
     let tx = Transaction::begin(&client).waking(Some(local));
-    outbox::enqueue(
-        &tx,
-        &NewEvent {
-            event_id,
-            topic,
-            key: "k",
-            event_type: "order.created",
-            payload: &json!({ "n": event_id }),
-            caused_by: None,
-        },
-    )
-    .await
-    .unwrap();
+    for event_id in event_ids {
+        outbox::enqueue(
+            &tx,
+            &NewEvent {
+                event_id,
+                topic,
+                key: "k",
+                event_type: "order.created",
+                payload: &json!({ "n": event_id }),
+                caused_by: None,
+            },
+        )
+        .await
+        .unwrap();
+    }
     tx.commit().await.unwrap();
 }
 
@@ -432,6 +434,11 @@ async fn is_published(db: &TestDatabase, event_id: &str) -> bool {
         == 1
 }
 
+/// Rows in a writer's `n`th transaction.
+fn rows_in(n: usize) -> usize {
+    1 + n % 3
+}
+
 async fn until_active(local: &LocalRelay) {
     eventually(WAIT, "the relay to take the lock", || async {
         local.is_active().then_some(())
@@ -439,13 +446,14 @@ async fn until_active(local: &LocalRelay) {
     .await;
 }
 
-/// Each writer waits for its row before writing the next, so each row is published only
-/// if its own commit woke the relay: the relay never polls, and no NOTIFY is sent. Four
-/// writers at once wake it while it looks, publishes and waits, in every order.
+/// Each writer waits for its rows before writing the next, so each transaction's rows
+/// are published only if its own commit woke the relay: the relay never polls, and no
+/// NOTIFY is sent. Four writers at once wake it while it looks, publishes and waits, in
+/// every order. A transaction writes one to three rows, as a batch writes several.
 #[tokio::test]
 async fn writers_beside_the_active_relay_wake_it_in_memory_and_send_no_notify() {
     const WRITERS: usize = 4;
-    const ROWS_EACH: usize = 100;
+    const TRANSACTIONS_EACH: usize = 100;
     let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
     let topic = &kafka.topics.orders;
     let local = LocalRelay::default();
@@ -456,16 +464,19 @@ async fn writers_beside_the_active_relay_wake_it_in_memory_and_send_no_notify() 
     let writers = (0..WRITERS).map(|writer| {
         let (db, local) = (&db, &local);
         async move {
-            for n in 0..ROWS_EACH {
-                let event_id = format!("writer-{writer}-{n}");
-                enqueue_beside(db, local, topic, &event_id).await;
+            for n in 0..TRANSACTIONS_EACH {
+                let event_ids: Vec<String> = (0..rows_in(n))
+                    .map(|row| format!("writer-{writer}-{n}-{row}"))
+                    .collect();
+                enqueue_beside(db, local, topic, &event_ids).await;
+                let last = event_ids.last().expect("at least one row");
                 tokio::time::timeout(WAIT, async {
-                    while !is_published(db, &event_id).await {
+                    while !is_published(db, last).await {
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 })
                 .await
-                .unwrap_or_else(|_| panic!("{event_id} committed and never published"));
+                .unwrap_or_else(|_| panic!("{last} committed and never published"));
             }
         }
     });
@@ -473,8 +484,9 @@ async fn writers_beside_the_active_relay_wake_it_in_memory_and_send_no_notify() 
 
     // A writer that is not beside the relay NOTIFYs, and the listener hears it: the
     // count of zero before it is one the listener could have told.
+    let rows = WRITERS * (0..TRANSACTIONS_EACH).map(rows_in).sum::<usize>();
     enqueue(&db, topic, "k", "from-elsewhere").await;
-    all_published(&db, (WRITERS * ROWS_EACH + 1) as i64).await;
+    all_published(&db, (rows + 1) as i64).await;
     eventually(WAIT, "the NOTIFY of the row from elsewhere", || async {
         (notifications.load(Ordering::SeqCst) > 0).then_some(())
     })
@@ -484,7 +496,7 @@ async fn writers_beside_the_active_relay_wake_it_in_memory_and_send_no_notify() 
         1,
         "the writers beside the active relay sent NOTIFYs"
     );
-    on_the_topic(&kafka, topic, WRITERS * ROWS_EACH + 1).await;
+    on_the_topic(&kafka, topic, rows + 1).await;
     stop.cancel();
     task.await.unwrap();
     assert!(
@@ -505,8 +517,8 @@ async fn writers_beside_a_standby_relay_notify_the_active_one() {
     let (stop_standby, standby) = relay_woken_by(&db, &kafka, &standby_local);
 
     for n in 0..20 {
-        let event_id = format!("beside-the-standby-{n}");
-        enqueue_beside(&db, &standby_local, topic, &event_id).await;
+        let event_ids = [format!("beside-the-standby-{n}")];
+        enqueue_beside(&db, &standby_local, topic, &event_ids).await;
         all_published(&db, n + 1).await;
     }
     assert!(!standby_local.is_active());
