@@ -148,6 +148,18 @@ impl LocalRelay {
 /// The relay's session holds the lock: see [`LocalRelay::activate`].
 struct Active(LocalRelay);
 
+impl Active {
+    /// Consumes a wake-up already sent: the look about to run sees its commit.
+    fn consume_wake(&self) {
+        let _ = self.0.0.wake.notified().now_or_never();
+    }
+
+    /// A writer beside the relay has committed a row.
+    async fn woken(&self) {
+        self.0.0.wake.notified().await
+    }
+}
+
 impl Drop for Active {
     fn drop(&mut self) {
         self.0.0.active.store(false, Ordering::Release);
@@ -267,7 +279,7 @@ impl OutboxRelay {
         let statements = RelayStatements::prepare(&client).await?;
         // Before the first look: a writer that skips the NOTIFY from now on either
         // committed before that look, which sees its row, or wakes the relay after it.
-        let _active = self.local.activate();
+        let active = self.local.activate();
         tracing::info!("outbox relay active");
         let mut healthy = false;
         // Rows the broker has acknowledged and the outbox does not say yet are published:
@@ -277,7 +289,7 @@ impl OutboxRelay {
             // Every NOTIFY or wake-up received so far is of a commit the look below will
             // see.
             while notifications.try_recv().is_ok() {}
-            let _ = self.local.0.wake.notified().now_or_never();
+            active.consume_wake();
             let look = Instant::now();
             let rows = client
                 .query(
@@ -325,7 +337,7 @@ impl OutboxRelay {
                         anyhow::bail!("database connection closed");
                     }
                 }
-                _ = self.local.0.wake.notified() => {}
+                _ = active.woken() => {}
                 _ = tokio::time::sleep(self.poll_interval) => {}
             }
         }
