@@ -178,7 +178,7 @@ fn stat_ticks(stat: &str, children: bool) -> Option<u64> {
     })
 }
 
-/// A `kB` line of /proc/<pid>/status, such as VmHWM or VmRSS.
+/// A `kB` line of `/proc/<pid>/status`, such as VmHWM or VmRSS.
 pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|line| {

@@ -66,7 +66,7 @@ pub struct Plan {
     /// its rate: what it confirms meanwhile.
     pub closed: Vec<u32>,
     /// Open-loop rates as multiples of that estimate, tried in turn until one falls
-    /// behind (past the last, [`RAMP_ONWARD`] faster each time); the highest that kept up
+    /// behind (past the last, `RAMP_ONWARD` faster each time); the highest that kept up
     /// is the highest sustained rate.
     pub ramp: Vec<f64>,
     /// Steps halving the gap between the highest rate that kept up and the lowest that

@@ -3,12 +3,13 @@
 
 use clap::Parser;
 
-/// Sends the records of a dead-letter topic back to the topics they came from (their
-/// `dlq.original.topic`), with their original key and bytes. Safe to run again: it
-/// commits each record once the broker acknowledged its copy, and a record sent back
-/// twice is stopped by the consumer's inbox.
+/// Sends the records of a dead-letter topic back to the topics they came from.
+///
+/// Each goes back to its `dlq.original.topic`, with its original key and bytes. Safe to
+/// run again: it commits each record once the broker acknowledged its copy, and a record
+/// sent back twice is stopped by the consumer's inbox.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// The dead-letter topic, e.g. `payments.order-service.dlq`.
     dead_letter_topic: String,
@@ -18,7 +19,7 @@ struct Args {
     kafka_brokers: String,
 
     /// The consumer group that remembers how far redrives of this topic got
-    /// [default: <dead-letter topic>.redrive]. Another group sends everything again.
+    /// [default: DEAD_LETTER_TOPIC.redrive]. Another group sends everything again.
     #[arg(long)]
     group: Option<String>,
 }
