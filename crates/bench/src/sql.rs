@@ -481,6 +481,15 @@ fn claim(event_id: String, topic: &str) -> Binding {
     }
 }
 
+/// What `POST /v1/orders` runs for its `Idempotency-Key` alone, by their opening words:
+/// the key's wait (not the outbox's `set_config`, which the unkeyed request sends too),
+/// its claim, and the replay's read.
+const KEY_STATEMENTS: [&str; 3] = [
+    "SELECT set_config('lock_timeout'",
+    "INSERT INTO idempotency_keys",
+    "SELECT fingerprint",
+];
+
 impl Transaction {
     /// `POST /v1/orders` without a key: price lookup, order, items, `order.created` in the
     /// outbox.
@@ -488,11 +497,7 @@ impl Transaction {
         Self {
             name: "create",
             what: "POST /v1/orders: order + items + outbox",
-            skips: vec![
-                "SELECT set_config('lock_timeout'",
-                "INSERT INTO idempotency_keys",
-                "SELECT fingerprint",
-            ],
+            skips: KEY_STATEMENTS.to_vec(),
             ..Self::create_keyed()
         }
         .without_key_bindings()
@@ -581,11 +586,8 @@ impl Transaction {
 
     /// These bindings without the key's statements.
     fn without_key_bindings(mut self) -> Self {
-        self.bindings.retain(|b| {
-            !b.starts_with
-                .starts_with("SELECT set_config('lock_timeout'")
-                && !b.starts_with.contains("idempotency_keys")
-        });
+        self.bindings
+            .retain(|b| !KEY_STATEMENTS.iter().any(|s| b.starts_with.starts_with(s)));
         self
     }
 
