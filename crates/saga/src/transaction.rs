@@ -55,7 +55,8 @@ pub struct Transaction<'c> {
     /// The relay beside which this transaction runs, if any ([`Transaction::waking`]).
     relay: Option<LocalRelay>,
     /// Whether an outbox row was written without a NOTIFY, so the commit must wake the
-    /// relay itself.
+    /// relay itself. Set by the first such row, whose `set_config` turned the NOTIFY off
+    /// for the rest of the transaction, so later rows need not send it again.
     wake_relay: AtomicBool,
 }
 
