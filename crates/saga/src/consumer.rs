@@ -16,10 +16,11 @@
 //! - **Nothing is skipped.** A transient failure (database down) is retried with backoff
 //!   for as long as it lasts. A record that can never be processed goes to the group's
 //!   dead-letter topic with the reason in its headers, and the partition moves on.
-//! - **The next record prepared ahead.** A transaction per record, a worker prepares the
-//!   record behind the one in hand ([`Applier::prepare`]: a handler's call to another
-//!   system) while that one's transaction runs, so a partition waits for the call and the
-//!   transaction side by side rather than one after the other.
+//! - **The next records prepared ahead.** A transaction per record, a worker prepares the
+//!   records behind the one in hand, up to [`LOOK_AHEAD`] ([`Applier::prepare`]: a
+//!   handler's call to another system) while that one's transaction runs, so a partition
+//!   waits for the calls and the transaction side by side rather than one after the
+//!   other.
 //! - **Batches, if asked for.** With `batch_size` > 1 a worker takes the records already
 //!   waiting for it (never waiting for more) and applies them in one transaction
 //!   ([`Applier::apply_batch`]), each still deduplicated and guarded on its own; the
@@ -27,7 +28,7 @@
 //!   committed, and its records are applied one at a time with the usual retries and dead
 //!   letters, so a poison record costs one rolled-back batch, not a stuck partition.
 //! - **Graceful stop.** On shutdown, workers stop *between* records, never inside a
-//!   handler, and a record prepared ahead is left unapplied once its prepare has ended;
+//!   handler, and records prepared ahead are left unapplied once their prepares have ended;
 //!   stored offsets are committed once more before the consumer closes.
 
 use std::collections::{HashMap, VecDeque};
@@ -66,6 +67,16 @@ const PARTITION_QUEUE: usize = 1024;
 /// with half the queue still to apply, its worker stays busy while librdkafka fetches
 /// again after the resume (within [`FETCH_WAIT_MS`]: see [`Lanes::wake_fetcher`]).
 const RESUME_ROOM: usize = PARTITION_QUEUE / 2;
+/// Records of a partition prepared ahead of the one being applied, a transaction per
+/// record ([`Applier::prepare`]: for ChargeOrder, the read-ahead and the provider's
+/// charge). With one, a partition runs at the pace of the slower of prepare and
+/// transaction, and ChargeOrder's prepare (a read, an HTTP call, the provider's commit)
+/// took about twice its transaction on a busy machine. Each prepare may hold one of the
+/// consumer pool's connections for its read-ahead, and a record prepared but not applied
+/// when the service stops is prepared again on redelivery: a few calls again, not a
+/// queue's worth.
+pub const LOOK_AHEAD: usize = 4;
+
 /// The most the broker sends for one partition in one fetch (librdkafka's
 /// `max.partition.fetch.bytes`, default 1 MiB). Pausing a partition throws away what was
 /// fetched ahead for it, to be fetched again on resuming: small answers keep that waste
@@ -450,8 +461,8 @@ struct PartitionWorker<H> {
     tasks: TaskTracker,
 }
 
-/// A partition's next record, prepared ([`Applier::prepare`]) in a task of its own while
-/// the record before it is applied. `None` when nothing was prepared: the record was not
+/// A record of a partition, prepared ([`Applier::prepare`]) in a task of its own while a
+/// record before it is applied. `None` when nothing was prepared: the record was not
 /// looked at ahead, or is no event at all (dead-lettered when its turn comes).
 type Ahead<P> = Option<tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>>;
 
@@ -481,19 +492,20 @@ impl<H: Handler> PartitionWorker<H> {
         }
     }
 
-    /// A transaction per record, and the record behind it prepared while it is applied,
-    /// as soon as that one is in the queue. A handler whose prepare calls another system
-    /// (ChargeOrder's charge) would otherwise hold its partition for the call and the
-    /// transaction one after the other; now the next call waits beside this transaction.
-    /// Only a shortcut's reads see less: the next record's prepare reads what was
-    /// committed before this one's transaction, and its own transaction checks both
-    /// guards again, with locks. A prepared record abandoned on stopping is redelivered
-    /// and prepared again, which a prepare must bear anyway.
+    /// A transaction per record, and the records behind it, up to [`LOOK_AHEAD`], prepared
+    /// while it is applied, each as soon as it is in the queue. A handler whose prepare
+    /// calls another system (ChargeOrder's charge) would otherwise hold its partition for
+    /// the call and the transaction one after the other; now the next calls wait beside
+    /// this transaction. Only a shortcut's reads see less: a record's prepare reads what
+    /// was committed before the transactions of the records ahead of it, and its own
+    /// transaction checks both guards again, with locks. A prepared record abandoned on
+    /// stopping is redelivered and prepared again, which a prepare must bear anyway.
     async fn run_one_at_a_time(self: Arc<Self>, mut queue: mpsc::Receiver<OwnedMessage>) {
-        let mut next: Option<(OwnedMessage, Ahead<H::Prepared>)> = None;
+        let mut ahead: VecDeque<(OwnedMessage, Ahead<H::Prepared>)> =
+            VecDeque::with_capacity(LOOK_AHEAD);
         loop {
-            let (message, ahead) = match next.take() {
-                Some(prepared) => prepared,
+            let (message, prepared) = match ahead.pop_front() {
+                Some(next) => next,
                 None => match queue.recv().await {
                     Some(message) => (message, None),
                     None => return,
@@ -504,17 +516,17 @@ impl<H: Handler> PartitionWorker<H> {
             }
             self.record_transaction_size(1);
             let process = self
-                .process(&message, ahead)
+                .process(&message, prepared)
                 .instrument(record_span(&message));
             tokio::pin!(process);
             let done = loop {
-                let look_ahead = next.is_none() && !self.shutdown.is_cancelled();
+                let look_ahead = ahead.len() < LOOK_AHEAD && !self.shutdown.is_cancelled();
                 tokio::select! {
                     biased;
                     done = &mut process => break done,
                     Some(following) = queue.recv(), if look_ahead => {
-                        let ahead = self.prepare_ahead(&following);
-                        next = Some((following, ahead));
+                        let prepared = self.prepare_ahead(&following);
+                        ahead.push_back((following, prepared));
                     }
                 }
             };

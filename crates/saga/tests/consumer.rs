@@ -336,33 +336,41 @@ async fn a_backlog_waiting_on_every_partition_is_applied_on_all_of_them_at_once(
     run.stop().await;
 }
 
-/// A transaction per event, the record behind the one in hand is prepared (for
-/// ChargeOrder: charged at the provider) while that one is applied. Each record's
-/// transaction here waits until the next record's prepare has begun: prepared one after
-/// the other, the first would wait for ever. Records are produced while the consumer
-/// runs, so the next one reaches the queue at any point of the one before it.
+/// A transaction per event, the records behind the one in hand, up to
+/// [`consumer::LOOK_AHEAD`], are prepared (for ChargeOrder: charged at the provider) while
+/// that one is applied, and no more. Each record's transaction here waits until the
+/// prepare of the record `LOOK_AHEAD` behind it has begun: with fewer prepared ahead, it
+/// would wait for ever. Records are produced while the consumer runs, so the ones behind
+/// reach the queue at any point of the one in hand.
 #[tokio::test]
-async fn the_record_behind_the_one_in_hand_is_prepared_while_its_transaction_runs() {
+async fn the_records_behind_the_one_in_hand_are_prepared_while_its_transaction_runs() {
     const RECORDS: usize = 60;
+    let ahead = consumer::LOOK_AHEAD;
     let ids: Vec<String> = (0..RECORDS).map(|seq| format!("ahead-{seq}")).collect();
     let prepares = watch::Sender::default();
     let seen = prepares.subscribe();
-    let next_of: BTreeMap<String, String> = ids.iter().cloned().zip(ids[1..].to_vec()).collect();
-    let handler = Recorder::watching(
-        move |event, _| {
-            let next = next_of.get(&event.id).cloned();
-            let mut seen = seen.clone();
+    // The most records prepared beyond the one in hand, seen from its transaction.
+    let most_ahead = Arc::new(Mutex::new(0));
+    let waits = {
+        let (ids, most_ahead) = (ids.clone(), most_ahead.clone());
+        move |event: Envelope, _| {
+            let position = ids.iter().position(|id| *id == event.id).unwrap();
+            let awaited = ids.get(position + ahead).cloned();
+            let (mut seen, most_ahead) = (seen.clone(), most_ahead.clone());
             Box::pin(async move {
-                if let Some(next) = next {
-                    seen.wait_for(|prepared: &Vec<String>| prepared.contains(&next))
+                if let Some(awaited) = awaited {
+                    seen.wait_for(|prepared: &Vec<String>| prepared.contains(&awaited))
                         .await
                         .unwrap();
                 }
+                let beyond = seen.borrow().len() - (position + 1);
+                let mut most = most_ahead.lock().unwrap();
+                *most = (*most).max(beyond);
                 Ok(Outcome::Applied)
-            })
-        },
-        prepares,
-    );
+            }) as BoxFuture<'static, _>
+        }
+    };
+    let handler = Recorder::watching(waits, prepares);
     let run = start(TestKafka::new().await, handler.clone()).await;
 
     for id in &ids {
@@ -371,10 +379,14 @@ async fn the_record_behind_the_one_in_hand_is_prepared_while_its_transaction_run
     run.caught_up().await;
 
     assert_eq!(handler.applied(), ids, "applied in offset order, each once");
+    // Begun in any order: each prepare is a task of its own.
+    let mut prepared = handler.prepared();
+    prepared.sort_by_key(|id| ids.iter().position(|seen| seen == id));
+    assert_eq!(prepared, ids, "each prepared once");
     assert_eq!(
-        handler.prepared(),
-        ids,
-        "prepared in offset order, each once"
+        *most_ahead.lock().unwrap(),
+        ahead,
+        "records prepared beyond the one in hand, at most"
     );
     run.stop().await;
 }
