@@ -134,9 +134,15 @@ impl Stack {
     }
 
     /// Starts all three services with their inboxes pruned to a window of seconds
-    /// ([`PRUNING_INBOX`]), on topics whose retention matches it.
+    /// ([`PRUNING_INBOX`]), on topics whose retention matches it while they start. Then
+    /// the topics keep every record: the services read the retention at start only, and
+    /// at 3 s the broker's retention check (every 5 minutes) deletes a run's records
+    /// whenever it falls within the scenario. A service started again on this stack
+    /// finds that and stops pruning.
     pub async fn start_pruning() -> Self {
-        Self::start_configured(&[], &PRUNING_INBOX, 3).await
+        let stack = Self::start_configured(&[], &PRUNING_INBOX, 3).await;
+        stack.kafka.set_topic_config("retention.ms", "-1").await;
+        stack
     }
 
     /// Whether the services prune their inboxes as they go ([`Stack::start_pruning`]).

@@ -537,11 +537,6 @@ async fn a_duplicate_storm_of_every_record_replayed_from_the_earliest_offset_has
 #[ignore = "fault suite: scripts/faults runs it on its own"]
 async fn every_record_replayed_after_the_inboxes_were_pruned_has_no_new_effect() {
     let mut stack = Stack::start_pruning().await;
-    // The services read the topics' retention at start only. Left at the window's 3 s,
-    // the broker's retention check (every 5 minutes) could delete every record before
-    // the replay, which then replays nothing: from here on the topics keep them. Started
-    // again for the replay, the services find that and stop pruning, their inboxes empty.
-    stack.kafka.set_topic_config("retention.ms", "-1").await;
     let load = Load::start(&stack, orders(), rate());
     let (before, expected) = drain_and_check(&mut stack, load, None, Vec::new()).await;
     before.assert_holds();
