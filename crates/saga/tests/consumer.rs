@@ -2,6 +2,7 @@
 //! and misbehave on cue.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -347,15 +348,17 @@ async fn the_records_behind_the_one_in_hand_are_prepared_while_its_transaction_r
     const RECORDS: usize = 60;
     let ahead = consumer::LOOK_AHEAD;
     let ids: Vec<String> = (0..RECORDS).map(|seq| format!("ahead-{seq}")).collect();
+    let seq = |id: &str| -> usize { id.strip_prefix("ahead-").unwrap().parse().unwrap() };
     let prepares = watch::Sender::default();
     let seen = prepares.subscribe();
     // The most records prepared beyond the one in hand, seen from its transaction.
-    let most_ahead = Arc::new(Mutex::new(0));
+    let most_ahead = Arc::new(AtomicUsize::new(0));
     let waits = {
-        let (ids, most_ahead) = (ids.clone(), most_ahead.clone());
+        let most_ahead = most_ahead.clone();
         move |event: Envelope, _| {
-            let position = ids.iter().position(|id| *id == event.id).unwrap();
-            let awaited = ids.get(position + ahead).cloned();
+            let position = seq(&event.id);
+            let awaited =
+                (position + ahead < RECORDS).then(|| format!("ahead-{}", position + ahead));
             let (mut seen, most_ahead) = (seen.clone(), most_ahead.clone());
             Box::pin(async move {
                 if let Some(awaited) = awaited {
@@ -364,8 +367,7 @@ async fn the_records_behind_the_one_in_hand_are_prepared_while_its_transaction_r
                         .unwrap();
                 }
                 let beyond = seen.borrow().len() - (position + 1);
-                let mut most = most_ahead.lock().unwrap();
-                *most = (*most).max(beyond);
+                most_ahead.fetch_max(beyond, Ordering::Relaxed);
                 Ok(Outcome::Applied)
             }) as BoxFuture<'static, _>
         }
@@ -381,10 +383,10 @@ async fn the_records_behind_the_one_in_hand_are_prepared_while_its_transaction_r
     assert_eq!(handler.applied(), ids, "applied in offset order, each once");
     // Begun in any order: each prepare is a task of its own.
     let mut prepared = handler.prepared();
-    prepared.sort_by_key(|id| ids.iter().position(|seen| seen == id));
+    prepared.sort_by_key(|id| seq(id));
     assert_eq!(prepared, ids, "each prepared once");
     assert_eq!(
-        *most_ahead.lock().unwrap(),
+        most_ahead.load(Ordering::Relaxed),
         ahead,
         "records prepared beyond the one in hand, at most"
     );
