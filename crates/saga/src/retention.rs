@@ -74,6 +74,11 @@ pub struct Target {
     pub table: &'static str,
     /// Deletes at most `$2` rows older than `$1` seconds, oldest first.
     ///
+    /// The batch is chosen through the age's index and deleted by the rows' addresses
+    /// (`ctid`, a TID scan), not by key: with the key (`WHERE event_id IN (…)`), when most
+    /// of the table is past its window (a backlog, the first start on an old database)
+    /// the planner joins the batch against a scan of the whole table, for every batch.
+    ///
     /// The age is tested twice, in the batch's selection and on each row deleted: a row
     /// that changes while the batch waits for it (an expired idempotency key taken over by
     /// a new request) is checked again as it is then, and kept.
@@ -87,9 +92,9 @@ impl Target {
         Self {
             table: "processed_events",
             delete: "DELETE FROM processed_events
-                      WHERE event_id IN (SELECT event_id FROM processed_events
-                                          WHERE processed_at < now() - make_interval(secs => $1)
-                                          ORDER BY processed_at LIMIT $2)
+                      WHERE ctid = ANY (ARRAY(SELECT ctid FROM processed_events
+                                               WHERE processed_at < now() - make_interval(secs => $1)
+                                               ORDER BY processed_at LIMIT $2))
                         AND processed_at < now() - make_interval(secs => $1)",
             window,
         }
@@ -101,9 +106,9 @@ impl Target {
         Self {
             table: "outbox",
             delete: "DELETE FROM outbox
-                      WHERE id IN (SELECT id FROM outbox
-                                    WHERE published_at < now() - make_interval(secs => $1)
-                                    ORDER BY published_at LIMIT $2)
+                      WHERE ctid = ANY (ARRAY(SELECT ctid FROM outbox
+                                               WHERE published_at < now() - make_interval(secs => $1)
+                                               ORDER BY published_at LIMIT $2))
                         AND published_at < now() - make_interval(secs => $1)",
             window,
         }
@@ -115,9 +120,9 @@ impl Target {
         Self {
             table: "idempotency_keys",
             delete: "DELETE FROM idempotency_keys
-                      WHERE key IN (SELECT key FROM idempotency_keys
-                                     WHERE created_at < now() - make_interval(secs => $1)
-                                     ORDER BY created_at LIMIT $2)
+                      WHERE ctid = ANY (ARRAY(SELECT ctid FROM idempotency_keys
+                                               WHERE created_at < now() - make_interval(secs => $1)
+                                               ORDER BY created_at LIMIT $2))
                         AND created_at < now() - make_interval(secs => $1)",
             window: ttl,
         }
