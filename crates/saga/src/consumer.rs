@@ -209,10 +209,14 @@ fn partitions(tpl: &TopicPartitionList) -> String {
 
 type SagaConsumer = StreamConsumer<SagaConsumerContext>;
 
-/// Consumes `settings.topic` with `applier` until `shutdown` is cancelled.
+/// Consumes `settings.topic` with `applier` until `shutdown` is cancelled, sending the
+/// records it can never apply to `settings.dead_letter_topic` with `dead_letters` (an
+/// idempotent producer, [`crate::kafka::idempotent_producer`]; a service's relay lends
+/// it its own).
 pub async fn run<H: Handler>(
     settings: ConsumerSettings,
     applier: Arc<Applier<H>>,
+    dead_letters: FutureProducer,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let consumer: Arc<SagaConsumer> = Arc::new(
@@ -233,8 +237,6 @@ pub async fn run<H: Handler>(
             .create_with_context(SagaConsumerContext)?,
     );
     consumer.subscribe(&[&settings.topic])?;
-    let dead_letters: FutureProducer =
-        crate::kafka::idempotent_producer(&settings.brokers).create()?;
     let workers = TaskTracker::new();
     let worker = Arc::new(PartitionWorker {
         consumer: consumer.clone(),

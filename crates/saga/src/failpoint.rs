@@ -17,7 +17,8 @@
 //! Two are not crashes but bugs on purpose, to show what a guard is for:
 //! [`FRESH_CHARGE_KEY`] makes payment-service send a new idempotency key on every call to
 //! the card provider, so that a lost answer followed by the retry charges twice, and
-//! [`RELAY_ACKS_ONE`] makes a relay trust a partition's leader alone, so that on a
+//! [`RELAY_ACKS_ONE`] makes a relay trust a partition's leader alone (and with it the
+//! dead letters, which its consumer sends with the relay's producer), so that on a
 //! cluster a leader's death loses a published event; the fault suite's checker must say
 //! so.
 //!

@@ -221,6 +221,15 @@ impl OutboxRelay {
         self
     }
 
+    /// The producer the relay publishes with, for the service's other records (its
+    /// consumer's dead letters). librdkafka's producer is made to be shared, and each
+    /// costs threads and a connection of its own; with rdkafka 0.39 it also costs about 1%
+    /// of a core, idle or not: its polling thread waits 100 ms at a time, and spins
+    /// through the last millisecond of each wait, which it rounds down to zero.
+    pub fn producer(&self) -> &FutureProducer {
+        &self.producer
+    }
+
     /// Under load, makes the relay look at most once per `linger`, so that each look (a
     /// transaction, a produce request, a fetch for each consumer) carries the rows that
     /// committed meanwhile. A row committed after a look that found nothing goes out at

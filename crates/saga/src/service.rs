@@ -172,7 +172,12 @@ impl Service {
         );
         tasks.spawn(
             "consumer",
-            consumer::run(settings, applier, shutdown.clone()),
+            consumer::run(
+                settings,
+                applier,
+                relay.producer().clone(),
+                shutdown.clone(),
+            ),
         );
         let relay_shutdown = shutdown.clone();
         tasks.spawn("outbox relay", async move {

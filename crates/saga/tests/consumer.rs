@@ -9,6 +9,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use futures::future::BoxFuture;
 use rdkafka::message::Message;
+use rdkafka::producer::FutureProducer;
 use saga::consumer::{self, ConsumerSettings};
 use saga::{Applier, Envelope, Handler, HandlerError, Outcome, Step, Transaction};
 use saga_testkit::{TestDatabase, TestKafka, eventually, header};
@@ -177,6 +178,13 @@ async fn start(kafka: TestKafka, handler: Recorder) -> Run {
     start_with(kafka, handler, settings).await
 }
 
+/// The producer a consumer sends its dead letters with, as a service's relay lends it.
+fn dead_letters(kafka: &TestKafka) -> FutureProducer {
+    saga::kafka::idempotent_producer(&kafka.brokers)
+        .create()
+        .unwrap()
+}
+
 async fn start_with(
     kafka: TestKafka,
     handler: Recorder,
@@ -185,7 +193,12 @@ async fn start_with(
     let db = database().await;
     let shutdown = CancellationToken::new();
     let applier = Arc::new(Applier::new(db.pool.clone(), handler));
-    let task = tokio::spawn(consumer::run(settings(&kafka), applier, shutdown.clone()));
+    let task = tokio::spawn(consumer::run(
+        settings(&kafka),
+        applier,
+        dead_letters(&kafka),
+        shutdown.clone(),
+    ));
     Run {
         kafka,
         db,
@@ -584,6 +597,7 @@ async fn a_rebalance_loses_nothing() {
     let task_b = tokio::spawn(consumer::run(
         settings(&run_a.kafka),
         Arc::new(Applier::new(run_a.db.pool.clone(), second.clone())),
+        dead_letters(&run_a.kafka),
         shutdown_b.clone(),
     ));
     eventually(
