@@ -615,7 +615,7 @@ async fn pruning(
     pool_size: u32,
     run_id: u64,
 ) -> anyhow::Result<Pruning> {
-    // A million ids at the default duty cycle take minutes by design.
+    // Generous: the pruner rests between batches by design, and a slow disk slows each.
     let timeout = Duration::from_secs(900);
     let mut charge = ChargeBacklog {
         stack,

@@ -8,7 +8,8 @@
 //!   dedupe insert meets a row being deleted waits for one batch, never for the whole
 //!   prune, and a large backlog never becomes one long `DELETE`. Between batches the
 //!   pruner rests, so that it works at most `PRUNE_DUTY_CYCLE` of the time: a backlog of
-//!   a million rows is worked off over minutes, not at the consumers' expense in seconds.
+//!   a million rows is worked off in 200 batches (of the default 5 000) with rests between
+//!   them, not at the consumers' expense in one go.
 //! - **One pruner per database at a time.** A pass runs only while its session holds an
 //!   advisory lock; an instance that finds it taken skips its turn, so scaled-out
 //!   instances do not all prune at once.
