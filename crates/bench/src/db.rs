@@ -53,7 +53,7 @@ impl Databases {
         ] {
             let name = self.name(database);
             // Not `DROP DATABASE … WITH (FORCE)`: it refuses to end an autovacuum worker for
-            // a role that is not a superuser, and the last run's deletes often leave one at
+            // a role that is not a superuser, and the last run's deletes can leave one at
             // work in its databases. A plain DROP ends autovacuum by itself and waits a few
             // seconds for the sessions ended here (a run killed with its services running).
             admin
