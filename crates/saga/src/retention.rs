@@ -80,9 +80,12 @@ pub struct Target {
     /// of the table is past its window (a backlog, the first start on an old database)
     /// the planner joins the batch against a scan of the whole table, for every batch.
     ///
-    /// The age is tested twice, in the batch's selection and on each row deleted: a row
-    /// that changes while the batch waits for it (an expired idempotency key taken over by
-    /// a new request) is checked again as it is then, and kept.
+    /// A row that changes while the batch waits for it (an expired idempotency key taken
+    /// over by a new request) is kept twice over: its new version has an address the
+    /// batch did not pick (PostgreSQL 15 checks it again; the test of a key taken over
+    /// still passes without the age's second test), and the age, tested in the batch's
+    /// selection and again on each row deleted, is young again. The second test of the
+    /// age is what keeps it should a server not check the address again.
     delete: &'static str,
     window: Duration,
 }
