@@ -311,6 +311,20 @@ service_healthy() {
   curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$(service_port "$1")/health"
 }
 
+# drop_database NAME: drops NAME if it exists, ending the sessions on it that
+# the administrator may end first (a service killed mid-run leaves some).
+# Not `WITH (FORCE)`: that refuses to end an autovacuum worker unless run by a
+# superuser, and one is often cleaning up after a test's or the benchmark's
+# mass delete. A plain DROP ends autovacuum itself and waits up to five
+# seconds for the sessions ended here to go.
+drop_database() {
+  psql -X -q -v ON_ERROR_STOP=1 -v database="$1" "$(pg_url postgres)" >/dev/null <<'SQL'
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+ WHERE datname = :'database' AND pid <> pg_backend_pid() AND pg_has_role(usesysid, 'MEMBER');
+DROP DATABASE IF EXISTS :"database";
+SQL
+}
+
 # Drops the databases (saga_test_*) and topics (t<id>.*) that tests leave
 # behind. Only while no test runs: they are some test's own.
 remove_test_leftovers() {
@@ -318,15 +332,7 @@ remove_test_leftovers() {
   psql -X -q -At "$(pg_url postgres)" \
     -c "SELECT datname FROM pg_database WHERE datname LIKE 'saga\_test\_%'" |
     while read -r database; do
-      # FORCE cannot end an autovacuum worker for a role that is not a superuser, and
-      # one may be cleaning up after a test's mass delete: it ends within moments.
-      for attempt in 1 2 3 4 5 6 7 8 9 10; do
-        if psql -X -q "$(pg_url postgres)" -c "DROP DATABASE \"$database\" WITH (FORCE)" 2>/dev/null; then
-          break
-        fi
-        ((attempt < 10)) || die "cannot drop $database"
-        sleep 1
-      done
+      drop_database "$database" || die "cannot drop $database (see the psql error above)"
     done
   if "$ROOT/scripts/kafka-topics" --bootstrap-server "$KAFKA_BOOTSTRAP" --list | grep -qE '^t[0-9a-f]{12}\.'; then
     "$ROOT/scripts/kafka-topics" --bootstrap-server "$KAFKA_BOOTSTRAP" --delete --topic 't[0-9a-f]{12}\..*'
