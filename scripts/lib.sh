@@ -312,17 +312,20 @@ service_healthy() {
 }
 
 # drop_database NAME: drops NAME if it exists, ending the sessions on it that
-# the administrator may end first (a service killed mid-run leaves some).
+# the administrator may end first (a test or service killed mid-run leaves some).
 # Not `WITH (FORCE)`: that refuses to end an autovacuum worker unless run by a
 # superuser, and one is often cleaning up after a test's or the benchmark's
 # mass delete. A plain DROP ends autovacuum itself and waits up to five
 # seconds for the sessions ended here to go.
 drop_database() {
-  psql -X -q -v ON_ERROR_STOP=1 -v database="$1" "$(pg_url postgres)" >/dev/null <<'SQL'
+  if ! psql -X -q -v ON_ERROR_STOP=1 -v database="$1" "$(pg_url postgres)" >/dev/null <<'SQL'
 SELECT pg_terminate_backend(pid) FROM pg_stat_activity
  WHERE datname = :'database' AND pid <> pg_backend_pid() AND pg_has_role(usesysid, 'MEMBER');
 DROP DATABASE IF EXISTS :"database";
 SQL
+  then
+    die "cannot drop database $1 (see psql's error above)"
+  fi
 }
 
 # Drops the databases (saga_test_*) and topics (t<id>.*) that tests leave
@@ -332,7 +335,7 @@ remove_test_leftovers() {
   psql -X -q -At "$(pg_url postgres)" \
     -c "SELECT datname FROM pg_database WHERE datname LIKE 'saga\_test\_%'" |
     while read -r database; do
-      drop_database "$database" || die "cannot drop $database (see the psql error above)"
+      drop_database "$database"
     done
   if "$ROOT/scripts/kafka-topics" --bootstrap-server "$KAFKA_BOOTSTRAP" --list | grep -qE '^t[0-9a-f]{12}\.'; then
     "$ROOT/scripts/kafka-topics" --bootstrap-server "$KAFKA_BOOTSTRAP" --delete --topic 't[0-9a-f]{12}\..*'
