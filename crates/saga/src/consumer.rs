@@ -16,15 +16,15 @@
 //! - **Nothing is skipped.** A transient failure (database down) is retried with backoff
 //!   for as long as it lasts. A record that can never be processed goes to the group's
 //!   dead-letter topic with the reason in its headers, and the partition moves on.
-//! - **The next records prepared ahead.** A transaction per record, a worker prepares the
-//!   records behind the one in hand, up to [`LOOK_AHEAD`] ([`Applier::prepare`]: a
-//!   handler's call to another system) while that one's transaction runs, so a partition
-//!   waits for the calls and the transaction side by side rather than one after the
-//!   other.
+//! - **The next records prepared ahead.** While a transaction runs, its worker prepares
+//!   the records behind it ([`Applier::prepare`]: a handler's call to another system),
+//!   up to [`LOOK_AHEAD`] of them a transaction per record, or the next batch, so a
+//!   partition waits for the calls and the transaction side by side rather than one after
+//!   the other.
 //! - **Batches, if asked for.** With `batch_size` > 1 a worker takes the records already
 //!   waiting for it (never waiting for more) and applies them in one transaction
-//!   ([`Applier::apply_batch`]), each still deduplicated and guarded on its own; the
-//!   last offset is stored after the commit. If the batch fails, nothing of it was
+//!   ([`Applier::apply_prepared_batch`]), each still deduplicated and guarded on its own;
+//!   the last offset is stored after the commit. If the batch fails, nothing of it was
 //!   committed, and its records are applied one at a time with the usual retries and dead
 //!   letters, so a poison record costs one rolled-back batch, not a stuck partition.
 //! - **Graceful stop.** On shutdown, workers stop *between* records, never inside a
@@ -74,7 +74,7 @@ const RESUME_ROOM: usize = PARTITION_QUEUE / 2;
 /// took about twice its transaction on a busy machine. Each prepare may hold one of the
 /// consumer pool's connections for its read-ahead, and a record prepared but not applied
 /// when the service stops is prepared again on redelivery: a few calls again, not a
-/// queue's worth.
+/// queue's worth. In batches the next batch is prepared instead, however many that is.
 pub const LOOK_AHEAD: usize = 4;
 
 /// The most the broker sends for one partition in one fetch (librdkafka's
@@ -468,6 +468,9 @@ struct PartitionWorker<H> {
 /// looked at ahead, or is no event at all (dead-lettered when its turn comes).
 type Ahead<P> = Option<tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>>;
 
+/// A record taken from its partition's queue, and its prepare if begun.
+type Taken<P> = (OwnedMessage, Ahead<P>);
+
 /// Why a record is dead-lettered: the reason goes into its headers, the cause (one of a
 /// few words) labels the metric.
 struct Failure {
@@ -485,55 +488,79 @@ enum Done {
     Abandoned,
 }
 
-impl<H: Handler> PartitionWorker<H> {
-    async fn run(self: Arc<Self>, queue: mpsc::Receiver<OwnedMessage>) {
-        if self.settings.batch_size > 1 {
-            self.run_batches(queue).await
-        } else {
-            self.run_one_at_a_time(queue).await
-        }
-    }
+/// What became of a batch's one transaction.
+enum Batch {
+    Committed,
+    /// Nothing of it was committed: its records are applied one at a time.
+    RolledBack,
+    Abandoned,
+}
 
-    /// A transaction per record, and the records behind it, up to [`LOOK_AHEAD`], prepared
-    /// while it is applied, each as soon as it is in the queue. A handler whose prepare
-    /// calls another system (ChargeOrder's charge) would otherwise hold its partition for
-    /// the call and the transaction one after the other; now the next calls wait beside
-    /// this transaction. Only a shortcut's reads see less: a record's prepare reads what
-    /// was committed before the transactions of the records ahead of it, and its own
-    /// transaction checks both guards again, with locks. A prepared record abandoned on
-    /// stopping is redelivered and prepared again, which a prepare must bear anyway.
-    async fn run_one_at_a_time(self: Arc<Self>, mut queue: mpsc::Receiver<OwnedMessage>) {
-        let mut ahead: VecDeque<(OwnedMessage, Ahead<H::Prepared>)> =
-            VecDeque::with_capacity(LOOK_AHEAD);
+impl<H: Handler> PartitionWorker<H> {
+    /// The partition's records in offset order, a transaction per record or per batch,
+    /// and the records behind the transaction in hand prepared while it runs, each as
+    /// soon as it is in the queue: the [`LOOK_AHEAD`] records behind it, or in batches the
+    /// next batch. A handler whose prepare calls another system (ChargeOrder's charge)
+    /// would otherwise hold its partition for the calls and the transaction one after the
+    /// other; now the next calls wait beside this transaction. Only a shortcut's reads see
+    /// less: a record's prepare reads what was committed before the transactions ahead of
+    /// it, and its own transaction checks both guards again, with locks. A prepared record
+    /// abandoned on stopping is redelivered and prepared again, which a prepare must bear
+    /// anyway.
+    async fn run(self: Arc<Self>, mut queue: mpsc::Receiver<OwnedMessage>) {
+        let batch_size = self.settings.batch_size.max(1);
+        let look_ahead = if batch_size > 1 {
+            batch_size
+        } else {
+            LOOK_AHEAD
+        };
+        let mut ahead: VecDeque<Taken<H::Prepared>> = VecDeque::with_capacity(look_ahead);
+        let mut batch: Vec<Taken<H::Prepared>> = Vec::with_capacity(batch_size);
         loop {
-            let (message, prepared) = match ahead.pop_front() {
-                Some(next) => next,
-                None => match queue.recv().await {
-                    Some(message) => (message, None),
+            // What was prepared ahead first, then what waits in the queue (never waiting
+            // for more than one record).
+            batch.extend(ahead.drain(..ahead.len().min(batch_size)));
+            if batch.is_empty() {
+                match queue.recv().await {
+                    // A record on its own is prepared in its turn, not ahead of it.
+                    Some(message) if batch_size == 1 => batch.push((message, None)),
+                    Some(message) => {
+                        let prepared = self.prepare_ahead(&message);
+                        batch.push((message, prepared));
+                    }
                     None => return,
-                },
-            };
+                }
+            }
+            while batch.len() < batch_size {
+                match queue.try_recv() {
+                    Ok(message) => {
+                        let prepared = self.prepare_ahead(&message);
+                        batch.push((message, prepared));
+                    }
+                    Err(_) => break,
+                }
+            }
             if self.shutdown.is_cancelled() {
                 return;
             }
-            self.record_transaction_size(1);
-            let process = self
-                .process(&message, prepared)
-                .instrument(record_span(&message));
-            tokio::pin!(process);
-            let done = loop {
-                let look_ahead = ahead.len() < LOOK_AHEAD && !self.shutdown.is_cancelled();
-                tokio::select! {
-                    biased;
-                    done = &mut process => break done,
-                    Some(following) = queue.recv(), if look_ahead => {
-                        let prepared = self.prepare_ahead(&following);
-                        ahead.push_back((following, prepared));
+            self.record_transaction_size(batch.len());
+            let done = {
+                let applying = self.apply_taken(&mut batch);
+                tokio::pin!(applying);
+                loop {
+                    let room = ahead.len() < look_ahead && !self.shutdown.is_cancelled();
+                    tokio::select! {
+                        biased;
+                        done = &mut applying => break done,
+                        Some(following) = queue.recv(), if room => {
+                            let prepared = self.prepare_ahead(&following);
+                            ahead.push_back((following, prepared));
+                        }
                     }
                 }
             };
             match done {
-                Done::Finished => self.finished(&message),
+                Done::Finished => batch.clear(),
                 Done::Abandoned => return,
             }
         }
@@ -555,60 +582,74 @@ impl<H: Handler> PartitionWorker<H> {
         )
     }
 
-    /// Batches of the records already waiting, up to `batch_size`, each in one
-    /// transaction.
-    async fn run_batches(self: Arc<Self>, mut queue: mpsc::Receiver<OwnedMessage>) {
-        let mut batch = Vec::with_capacity(self.settings.batch_size);
-        while let Some(message) = queue.recv().await {
-            batch.push(message);
-            while batch.len() < self.settings.batch_size {
-                match queue.try_recv() {
-                    Ok(message) => batch.push(message),
-                    Err(_) => break,
+    /// Applies `batch`: in one transaction if it holds more than one record, and if that
+    /// does not commit (nothing of it did), one record at a time. Its offsets are stored.
+    async fn apply_taken(&self, batch: &mut [Taken<H::Prepared>]) -> Done {
+        if batch.len() > 1 {
+            match self.process_batch(batch).await {
+                Batch::Committed => {
+                    failpoint::crash_point_for(failpoint::CONSUMER_AFTER_HANDLER, batch.len());
+                    self.store_offset(&batch.last().expect("a batch is never empty").0);
+                    return Done::Finished;
                 }
+                Batch::RolledBack => {}
+                Batch::Abandoned => return Done::Abandoned,
             }
-            if self.shutdown.is_cancelled() {
-                return;
-            }
-            self.record_transaction_size(batch.len());
-            if batch.len() > 1 && self.process_batch(&batch).await {
-                failpoint::crash_point_for(failpoint::CONSUMER_AFTER_HANDLER, batch.len());
-                self.store_offset(batch.last().expect("a batch is never empty"));
-            } else {
-                for message in &batch {
-                    if self.shutdown.is_cancelled() {
-                        return;
-                    }
-                    match self
-                        .process(message, None)
-                        .instrument(record_span(message))
-                        .await
-                    {
-                        Done::Finished => self.finished(message),
-                        Done::Abandoned => return,
-                    }
-                }
-            }
-            batch.clear();
         }
+        for (message, prepared) in batch.iter_mut() {
+            if self.shutdown.is_cancelled() {
+                return Done::Abandoned;
+            }
+            match self
+                .process(message, prepared.take())
+                .instrument(record_span(message))
+                .await
+            {
+                Done::Finished => self.finished(message),
+                Done::Abandoned => return Done::Abandoned,
+            }
+        }
+        Done::Finished
     }
 
-    /// Applies `batch` in one transaction; false if it did not commit (nothing of it
-    /// did), and its records are to be applied one at a time.
-    async fn process_batch(&self, batch: &[OwnedMessage]) -> bool {
-        let Ok(events) = batch
-            .iter()
-            .map(Envelope::from_message)
-            .collect::<Result<Vec<_>, _>>()
-        else {
-            return false;
-        };
+    /// Applies `batch` in one transaction, with what its records' prepares learnt. If it
+    /// rolls back, those whose prepares this took are prepared again when applied alone.
+    async fn process_batch(&self, batch: &mut [Taken<H::Prepared>]) -> Batch {
+        // A record that is no event at all: the batch goes one record at a time, each
+        // with the prepare it has, and that one is dead-lettered.
+        if batch.iter().any(|(_, prepared)| prepared.is_none()) {
+            return Batch::RolledBack;
+        }
         let started = Instant::now();
-        let applied = self.applier.apply_batch(&events).await;
+        let mut events = Vec::with_capacity(batch.len());
+        let mut steps = Vec::with_capacity(batch.len());
+        let mut failed = None;
+        // Every prepare is awaited, a failed one or not, so that none is left running
+        // while the batch's records are prepared again.
+        for (_, prepared) in batch.iter_mut() {
+            let task = prepared.take().expect("checked above");
+            match task.await {
+                Ok((envelope, Ok(step))) => {
+                    events.push(envelope);
+                    steps.push(step);
+                }
+                Ok((_, Err(error))) => failed = failed.or(Some(error)),
+                // As if it had panicked here, in the worker.
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                // The runtime is going down.
+                Err(_) => return Batch::Abandoned,
+            }
+        }
+        let applied = match failed {
+            Some(error) => Err(error),
+            None => self.applier.apply_prepared_batch(&events, steps).await,
+        };
         self.time_handler(started);
         match applied {
             Ok(outcomes) => {
-                for ((message, event), outcome) in batch.iter().zip(&events).zip(outcomes) {
+                for ((message, _), (event, outcome)) in
+                    batch.iter().zip(events.iter().zip(outcomes))
+                {
                     self.count(&event.event_type, outcome.as_str());
                     let span = record_span(message);
                     span.record("event_id", event.id.as_str());
@@ -621,22 +662,22 @@ impl<H: Handler> PartitionWorker<H> {
                         )
                     });
                 }
-                true
+                Batch::Committed
             }
             Err(error) => {
+                let first = &batch[0].0;
                 tracing::info!(
-                    topic = batch[0].topic(),
-                    partition = batch[0].partition(),
-                    first_offset = batch[0].offset(),
+                    topic = first.topic(),
+                    partition = first.partition(),
+                    first_offset = first.offset(),
                     records = batch.len(),
                     %error,
                     "batch rolled back; applying its records one at a time"
                 );
-                false
+                Batch::RolledBack
             }
         }
     }
-
     /// Applies one record, retrying as its failure asks; `ahead` is its first attempt's
     /// prepare, if started already.
     async fn process(&self, message: &OwnedMessage, ahead: Ahead<H::Prepared>) -> Done {

@@ -253,24 +253,21 @@ impl<H: Handler> Applier<H> {
     /// one before it. Each runs to its end even when another fails, so that no call is
     /// cut off half way (its answer lost to us, its effect perhaps made) for nothing.
     pub async fn apply_batch(&self, events: &[Envelope]) -> Result<Vec<Outcome>, HandlerError> {
-        let commands = events
-            .iter()
-            .map(|event| self.handler.decode(event))
+        let steps = join_all(events.iter().map(|event| self.prepare(event)))
+            .await
+            .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
-        let steps = join_all(
-            events
-                .iter()
-                .zip(commands)
-                .map(|(event, command)| async move {
-                    match command {
-                        Some(command) => self.handler.prepare(&self.pool, event, command).await,
-                        None => Ok(Step::Done(Outcome::Ignored)),
-                    }
-                }),
-        )
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+        self.apply_prepared_batch(events, steps).await
+    }
+
+    /// The rest of [`apply_batch`](Self::apply_batch): `steps`, from
+    /// [`prepare`](Self::prepare) of each of `events` in turn, applied in one transaction.
+    pub async fn apply_prepared_batch(
+        &self,
+        events: &[Envelope],
+        steps: Vec<Step<H::Prepared>>,
+    ) -> Result<Vec<Outcome>, HandlerError> {
+        assert_eq!(events.len(), steps.len(), "a step for every event");
         // Nothing to apply (every event ignored, or done before its call): no transaction.
         let done = steps
             .iter()

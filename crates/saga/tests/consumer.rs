@@ -2,7 +2,6 @@
 //! and misbehave on cue.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -352,41 +351,64 @@ async fn a_backlog_waiting_on_every_partition_is_applied_on_all_of_them_at_once(
 
 /// A transaction per event, the records behind the one in hand, up to
 /// [`consumer::LOOK_AHEAD`], are prepared (for ChargeOrder: charged at the provider) while
-/// that one is applied, and no more. Each record's transaction here waits until the
-/// prepare of the record `LOOK_AHEAD` behind it has begun: with fewer prepared ahead, it
-/// would wait for ever. Records are produced while the consumer runs, so the ones behind
-/// reach the queue at any point of the one in hand.
+/// that one is applied, and no more.
 #[tokio::test]
 async fn the_records_behind_the_one_in_hand_are_prepared_while_its_transaction_runs() {
+    records_prepared_ahead(settings, consumer::LOOK_AHEAD, "ahead").await;
+}
+
+/// In batches, the next batch is prepared while a batch's transaction runs, and no more:
+/// a batch's calls wait beside the transaction ahead of it, not after it.
+#[tokio::test]
+async fn in_batches_the_next_batch_is_prepared_while_a_batch_transaction_runs() {
+    records_prepared_ahead(batched(6), 6, "next").await;
+}
+
+/// Records `<prefix>-<n>` produced on one partition while the consumer runs, so the ones
+/// behind reach the queue at any point of the transaction in hand. Each record's apply
+/// waits until the prepare of the record `ahead` behind it has begun: with fewer prepared
+/// ahead of its transaction, it would wait for ever. Then, from what each apply saw and
+/// the transactions that committed, at most `ahead` records were prepared past the last
+/// record of the transaction in hand, and `ahead` were.
+async fn records_prepared_ahead(
+    settings: impl Fn(&TestKafka) -> ConsumerSettings,
+    ahead: usize,
+    prefix: &'static str,
+) {
     const RECORDS: usize = 60;
-    let ahead = consumer::LOOK_AHEAD;
-    let ids: Vec<String> = (0..RECORDS).map(|seq| format!("ahead-{seq}")).collect();
-    let seq = |id: &str| -> usize { id.strip_prefix("ahead-").unwrap().parse().unwrap() };
+    let ids: Vec<String> = (0..RECORDS).map(|seq| format!("{prefix}-{seq}")).collect();
+    let seq = move |id: &str| -> usize {
+        id.strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
     let prepares = watch::Sender::default();
     let seen = prepares.subscribe();
-    // The most records prepared beyond the one in hand, seen from its transaction.
-    let most_ahead = Arc::new(AtomicUsize::new(0));
+    // For each apply: its record, and how many records had been prepared once it waited.
+    let sightings = Arc::new(Mutex::new(Vec::new()));
     let waits = {
-        let most_ahead = most_ahead.clone();
+        let sightings = sightings.clone();
         move |event: Envelope, _| {
             let position = seq(&event.id);
             let awaited =
-                (position + ahead < RECORDS).then(|| format!("ahead-{}", position + ahead));
-            let (mut seen, most_ahead) = (seen.clone(), most_ahead.clone());
+                (position + ahead < RECORDS).then(|| format!("{prefix}-{}", position + ahead));
+            let (mut seen, sightings) = (seen.clone(), sightings.clone());
             Box::pin(async move {
                 if let Some(awaited) = awaited {
                     seen.wait_for(|prepared: &Vec<String>| prepared.contains(&awaited))
                         .await
                         .unwrap();
                 }
-                let beyond = seen.borrow().len() - (position + 1);
-                most_ahead.fetch_max(beyond, Ordering::Relaxed);
+                let prepared = seen.borrow().len();
+                sightings.lock().unwrap().push((position, prepared));
                 Ok(Outcome::Applied)
             }) as BoxFuture<'static, _>
         }
     };
     let handler = Recorder::watching(waits, prepares);
-    let run = start(TestKafka::new().await, handler.clone()).await;
+    let run = start_with(TestKafka::new().await, handler.clone(), settings).await;
 
     for id in &ids {
         run.produce(0, id).await;
@@ -398,10 +420,24 @@ async fn the_records_behind_the_one_in_hand_are_prepared_while_its_transaction_r
     let mut prepared = handler.prepared();
     prepared.sort_by_key(|id| seq(id));
     assert_eq!(prepared, ids, "each prepared once");
+    // The last record of each record's transaction.
+    let mut last_of_its_transaction = vec![0; RECORDS];
+    for transaction in transactions(&run.committed_events().await) {
+        let last = seq(transaction.last().unwrap());
+        for id in &transaction {
+            last_of_its_transaction[seq(id)] = last;
+        }
+    }
+    let beyond: Vec<usize> = sightings
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|&(position, prepared)| prepared - (last_of_its_transaction[position] + 1))
+        .collect();
     assert_eq!(
-        most_ahead.load(Ordering::Relaxed),
-        ahead,
-        "records prepared beyond the one in hand, at most"
+        beyond.iter().max(),
+        Some(&ahead),
+        "records prepared beyond the transaction in hand, at most: {beyond:?}"
     );
     run.stop().await;
 }
