@@ -471,6 +471,18 @@ type Ahead<P> = Option<tokio::task::JoinHandle<(Envelope, Result<Step<P>, Handle
 /// A record taken from its partition's queue, and its prepare if begun.
 type Taken<P> = (OwnedMessage, Ahead<P>);
 
+/// What a prepare begun ahead came to; `None` if the runtime is going down. A panic in
+/// it goes on as if it had happened here, in the worker.
+async fn joined<P>(
+    task: tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>,
+) -> Option<(Envelope, Result<Step<P>, HandlerError>)> {
+    match task.await {
+        Ok(prepared) => Some(prepared),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => None,
+    }
+}
+
 /// Why a record is dead-lettered: the reason goes into its headers, the cause (one of a
 /// few words) labels the metric.
 struct Failure {
@@ -628,16 +640,13 @@ impl<H: Handler> PartitionWorker<H> {
         // while the batch's records are prepared again.
         for (_, prepared) in batch.iter_mut() {
             let task = prepared.take().expect("checked above");
-            match task.await {
-                Ok((envelope, Ok(step))) => {
+            match joined(task).await {
+                Some((envelope, Ok(step))) => {
                     events.push(envelope);
                     steps.push(step);
                 }
-                Ok((_, Err(error))) => failed = failed.or(Some(error)),
-                // As if it had panicked here, in the worker.
-                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-                // The runtime is going down.
-                Err(_) => return Batch::Abandoned,
+                Some((_, Err(error))) => failed = failed.or(Some(error)),
+                None => return Batch::Abandoned,
             }
         }
         let applied = match failed {
@@ -682,12 +691,9 @@ impl<H: Handler> PartitionWorker<H> {
     /// prepare, if started already.
     async fn process(&self, message: &OwnedMessage, ahead: Ahead<H::Prepared>) -> Done {
         let (envelope, mut prepared) = match ahead {
-            Some(task) => match task.await {
-                Ok((envelope, step)) => (envelope, Some(step)),
-                // As if it had panicked here, in the worker.
-                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-                // The runtime is going down.
-                Err(_) => return Done::Abandoned,
+            Some(task) => match joined(task).await {
+                Some((envelope, step)) => (envelope, Some(step)),
+                None => return Done::Abandoned,
             },
             None => match Envelope::from_message(message) {
                 Ok(envelope) => (envelope, None),
