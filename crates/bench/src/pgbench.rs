@@ -65,6 +65,39 @@ pub fn write_scripts(folder: &Path) -> anyhow::Result<Vec<(Transaction, PathBuf)
     Ok(written)
 }
 
+/// The consumers' transactions, each with the name of its pgbench run in batches.
+pub const BATCHED: [(&str, &str); 3] = [
+    ("charge", "charge batched"),
+    ("apply", "apply batched"),
+    ("notify", "notify batched"),
+];
+
+/// What a batched run ([`BATCHED`]) measures.
+pub const BATCHED_WHAT: &str = "the same, CONSUMER_BATCH_SIZE events to a transaction";
+
+/// Writes the consumers' scripts in `scripts` as they run in batches of `batch` events
+/// ([`sql::batched`]) into `folder`; returns each one's name ([`BATCHED`]) and path.
+pub fn write_batched_scripts(
+    folder: &Path,
+    scripts: &[(Transaction, PathBuf)],
+    batch: u32,
+) -> anyhow::Result<Vec<(&'static str, PathBuf)>> {
+    let mut written = Vec::new();
+    for (of, name) in BATCHED {
+        let (_, script) = scripts
+            .iter()
+            .find(|(t, _)| t.name == of)
+            .with_context(|| format!("no pgbench script {of}"))?;
+        let path = folder.join(format!("{name}.sql"));
+        std::fs::write(
+            &path,
+            sql::batched(&std::fs::read_to_string(script)?, batch)?,
+        )?;
+        written.push((name, path));
+    }
+    Ok(written)
+}
+
 /// Readies the ceiling databases for the scripts: pending orders for `apply`, and a
 /// backlog of unpublished outbox rows for `relay` (`relay_rows` of them).
 pub async fn prepare(databases: &Databases, relay_rows: u32) -> anyhow::Result<()> {

@@ -243,6 +243,14 @@ pub const ORDER_TRANSACTIONS: [(&str, f64); 6] = [
 pub const UNMERGED_TRANSACTIONS: [(&str, f64); 3] =
     [("create", 1.0), ("provider", 1.0), ("relay", 4.0)];
 
+/// The consumers' transactions as pgbench runs them in batches
+/// ([`crate::pgbench::BATCHED`]), each once an order: ChargeOrder's with its read-ahead.
+pub const BATCHED_CONSUMERS: [(&str, f64); 3] = [
+    ("charge batched", 1.0),
+    ("apply batched", 1.0),
+    ("notify batched", 1.0),
+];
+
 /// POST → `confirmed` p99 at half the highest sustained rate: a transaction per event,
 /// and in batches (ms).
 pub const HALF_LOAD_P99_TARGET_MS: f64 = 50.0;
@@ -400,7 +408,7 @@ impl Report {
                 && let Some((step, others)) = cheapest
             {
                 let unmerged = ceiling_cpu_ms(&self.ceilings, &UNMERGED_TRANSACTIONS).postgres;
-                let _ = writeln!(
+                let _ = write!(
                     md,
                     "\nBatches merge only the consumers' transactions. The rest of an order's SQL (its POST's transaction, the provider's charge, and relaying its four rows) took PostgreSQL {} ms at the ceiling, and everything but PostgreSQL (the broker, the services, the load generator, the rest) took {} ms an order at its cheapest step ({}): {} ms were the consumers' transactions free, {:.1} times the budget.",
                     fmt(unmerged),
@@ -409,6 +417,18 @@ impl Report {
                     fmt(unmerged + others),
                     (unmerged + others) / budget,
                 );
+                let consumers = ceiling_cpu_ms(&self.ceilings, &BATCHED_CONSUMERS).postgres;
+                if consumers.is_finite() {
+                    let floor = unmerged + consumers + others;
+                    let _ = write!(
+                        md,
+                        " The consumers' three transactions, as they run in batches (pgbench's `… batched` runs), took PostgreSQL {} ms an order more: {} ms at the least, {:.1} times the budget.",
+                        fmt(consumers),
+                        fmt(floor),
+                        floor / budget,
+                    );
+                }
+                md.push('\n');
             }
         }
         md
@@ -1059,9 +1079,16 @@ mod tests {
         let unmerged = ceiling_cpu_ms(&ceilings, &UNMERGED_TRANSACTIONS);
         assert!((unmerged.postgres - 0.78).abs() < 1e-9, "{unmerged:?}");
         assert!((unmerged.machine - 1.56).abs() < 1e-9, "{unmerged:?}");
-        assert!((unmerged.load_generator - 0.078).abs() < 1e-9, "{unmerged:?}");
+        assert!(
+            (unmerged.load_generator - 0.078).abs() < 1e-9,
+            "{unmerged:?}"
+        );
         // A transaction with no pgbench run leaves the sum unknown, not short.
-        assert!(ceiling_cpu_ms(&ceilings, &ORDER_TRANSACTIONS).postgres.is_nan());
+        assert!(
+            ceiling_cpu_ms(&ceilings, &ORDER_TRANSACTIONS)
+                .postgres
+                .is_nan()
+        );
     }
 
     #[test]

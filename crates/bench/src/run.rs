@@ -824,6 +824,11 @@ struct Ceilings {
     partitions: u32,
     duration: Duration,
     relay_rows: u32,
+    /// The consumers' transactions as they run in batches, beside their one-event
+    /// scripts: each's name and script ([`pgbench::BATCHED`]); none a transaction per
+    /// event.
+    batched: Vec<(&'static str, PathBuf)>,
+    consumer_batch: u32,
     measured: Vec<pgbench::Ceiling>,
 }
 
@@ -833,9 +838,18 @@ impl Ceilings {
         databases.recreate().await?;
         databases.migrate().await?;
         pgbench::prepare(&databases, plan.relay_rows).await?;
+        let folder = settings.out.join("pgbench");
+        let scripts = pgbench::write_scripts(&folder)?;
+        let batched = if settings.consumer_batch > 1 {
+            pgbench::write_batched_scripts(&folder, &scripts, settings.consumer_batch)?
+        } else {
+            Vec::new()
+        };
         Ok(Self {
             pgbench: pgbench::find_pgbench()?,
-            scripts: pgbench::write_scripts(&settings.out.join("pgbench"))?,
+            scripts,
+            batched,
+            consumer_batch: settings.consumer_batch,
             databases,
             pool_size: settings.pool_size,
             partitions: settings.partitions as u32,
@@ -845,14 +859,39 @@ impl Ceilings {
         })
     }
 
-    /// Runs transaction `name`'s script; tried again if PostgreSQL went away meanwhile
-    /// (another test suite on this machine stops the cluster now and then).
+    /// Runs transaction `name`'s script, and in batches its batched script too if it is
+    /// a consumer's; tried again if PostgreSQL went away meanwhile (another test suite on
+    /// this machine stops the cluster now and then).
     async fn measure(&mut self, name: &str) -> anyhow::Result<()> {
         let (transaction, script) = self
             .scripts
             .iter()
             .find(|(t, _)| t.name == name)
             .with_context(|| format!("no pgbench script {name}"))?;
+        let ceiling = self.run(transaction, script).await?;
+        self.measured.push(ceiling);
+        let batched = pgbench::BATCHED.iter().find(|(of, _)| *of == name);
+        if let Some(&(_, batched_name)) = batched
+            && let Some((_, script)) = self.batched.iter().find(|(n, _)| *n == batched_name)
+        {
+            let mut ceiling = self.run(transaction, script).await?;
+            ceiling.name = batched_name;
+            ceiling.what = pgbench::BATCHED_WHAT;
+            ceiling.events_per_second *= f64::from(self.consumer_batch);
+            ceiling.events *= f64::from(self.consumer_batch);
+            self.measured.push(ceiling);
+        }
+        Ok(())
+    }
+
+    async fn run(
+        &self,
+        transaction: &Transaction,
+        script: &std::path::Path,
+    ) -> anyhow::Result<pgbench::Ceiling> {
+        let name = transaction.name;
+        // The script's own name: a consumer's batched script runs as its transaction.
+        let label = script.file_stem().unwrap_or_default().to_string_lossy();
         // The connections each transaction has in the services: HTTP requests share the
         // pool; a consumer applies one event per partition at a time; one relay.
         let connections = match name {
@@ -863,7 +902,7 @@ impl Ceilings {
         let mut tries = 0;
         let ceiling = loop {
             tries += 1;
-            log(format!("pgbench {name} at {connections} connections"));
+            log(format!("pgbench {label} at {connections} connections"));
             match pgbench::run(
                 &self.pgbench,
                 &self.databases,
@@ -877,18 +916,14 @@ impl Ceilings {
             {
                 Ok(ceiling) => break ceiling,
                 Err(error) if tries < 3 => {
-                    log(format!("pgbench {name} failed, trying again: {error:#}"));
+                    log(format!("pgbench {label} failed, trying again: {error:#}"));
                     tokio::time::sleep(Duration::from_secs(10)).await;
                 }
                 Err(error) => return Err(error),
             }
         };
-        log(format!(
-            "pgbench {name}: {:.0} tps ({:.0} events/s)",
-            ceiling.tps, ceiling.events_per_second
-        ));
-        self.measured.push(ceiling);
-        Ok(())
+        log(format!("pgbench {label}: {:.0} tps", ceiling.tps));
+        Ok(ceiling)
     }
 }
 

@@ -956,6 +956,98 @@ fn bound(place: &str, statements: &[String], bindings: &[Binding]) -> anyhow::Re
 }
 
 /// Every `:name` pgbench would substitute must be one of [`VARIABLES`].
+/// A transaction's `script` as a consumer applies it in batches: `events` events in one
+/// transaction, each event's statements in turn with values of its own (each variable
+/// `\set` once per event, `r` becoming `r_1` … `r_16`), between one `BEGIN` and one
+/// `COMMIT`. What runs before the transaction (ChargeOrder's read-ahead) runs once per
+/// event, as the consumer prepares each; the statement that turns the outbox's NOTIFY
+/// off runs once, as it does for the first row of a transaction.
+pub fn batched(script: &str, events: u32) -> anyhow::Result<String> {
+    let mut header = String::new();
+    let mut variables: Vec<(&str, &str)> = Vec::new();
+    let (mut ahead, mut body) = (Vec::new(), Vec::new());
+    let mut begun = false;
+    let mut statement = String::new();
+    for line in script.lines() {
+        if statement.is_empty() && line.starts_with("--") {
+            writeln!(header, "{line} ({events} events a transaction)")?;
+            continue;
+        }
+        if statement.is_empty()
+            && let Some(set) = line.strip_prefix(r"\set ")
+        {
+            let (name, expression) = set.split_once(' ').context("a `\\set` without a value")?;
+            variables.push((name, expression));
+            continue;
+        }
+        statement.push_str(line);
+        statement.push('\n');
+        if !line.ends_with(';') {
+            continue;
+        }
+        match std::mem::take(&mut statement).trim_end() {
+            "BEGIN;" => begun = true,
+            "COMMIT;" => {}
+            done if begun => body.push(done.to_owned()),
+            done => ahead.push(done.to_owned()),
+        }
+    }
+    if !begun {
+        bail!("only a transaction's script can be batched:\n{script}");
+    }
+    let event = |statement: &str, k: u32| {
+        variables
+            .iter()
+            .fold(statement.to_owned(), |text, (name, _)| {
+                rename_variable(&text, name, &format!("{name}_{k}"))
+            })
+    };
+    let mut out = header;
+    for k in 1..=events {
+        for (name, expression) in &variables {
+            writeln!(out, r"\set {name}_{k} {expression}")?;
+        }
+    }
+    for k in 1..=events {
+        for statement in &ahead {
+            writeln!(out, "{}", event(statement, k))?;
+        }
+    }
+    out.push_str("BEGIN;\n");
+    for k in 1..=events {
+        for statement in &body {
+            if k > 1 && statement.starts_with("SELECT set_config('saga.outbox_notify'") {
+                continue;
+            }
+            writeln!(out, "{}", event(statement, k))?;
+        }
+    }
+    out.push_str("COMMIT;\n");
+    Ok(out)
+}
+
+/// `text` with pgbench's variable `:from` read as `:to`; casts (`::uuid`) and longer
+/// names that begin the same way are left alone.
+fn rename_variable(text: &str, from: &str, to: &str) -> String {
+    let pattern = format!(":{from}");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(&pattern) {
+        let after = &rest[at + pattern.len()..];
+        let cast = rest[..at].ends_with(':');
+        let longer = after
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        out.push_str(&rest[..at]);
+        out.push(':');
+        out.push_str(if cast || longer { from } else { to });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 fn check_variables(script: &str) -> anyhow::Result<()> {
     for line in script.lines().filter(|l| !l.starts_with("--")) {
         let bytes = line.as_bytes();
@@ -979,6 +1071,53 @@ fn check_variables(script: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batched_script_applies_each_event_with_values_of_its_own_in_one_transaction() {
+        let charge = Transaction::all()
+            .into_iter()
+            .find(|t| t.name == "charge")
+            .unwrap();
+        let script = charge.pgbench_script().unwrap();
+        let per_event = |text: &str, needle: &str| text.matches(needle).count();
+        let batched = batched(&script, 3).unwrap();
+        println!("{batched}");
+        assert_eq!(per_event(&batched, "BEGIN;"), 1);
+        assert_eq!(per_event(&batched, "COMMIT;"), 1);
+        // The read-ahead once per event, before the transaction.
+        let read_ahead = "SELECT EXISTS";
+        assert_eq!(per_event(&batched, read_ahead), 3);
+        assert!(batched.rfind(read_ahead).unwrap() < batched.find("BEGIN;").unwrap());
+        for k in 1..=3 {
+            assert!(
+                batched.contains(&format!(r"\set r_{k} random(")),
+                "{batched}"
+            );
+            assert_eq!(
+                per_event(&batched, &format!(":r_{k}::")),
+                per_event(&script, ":r::"),
+                "event {k} uses its own value wherever the script used `:r`"
+            );
+        }
+        assert!(
+            !batched.contains(":r:") && !batched.contains(":r)"),
+            "{batched}"
+        );
+        // Every statement of the transaction once per event, but the NOTIFY switched off
+        // once.
+        assert_eq!(per_event(&batched, "INSERT INTO payments"), 3);
+        assert_eq!(per_event(&batched, "INSERT INTO outbox"), 3);
+        assert_eq!(per_event(&batched, "saga.outbox_notify"), 1);
+        // Casts stay casts.
+        assert_eq!(
+            per_event(&batched, "::uuid"),
+            3 * per_event(&script, "::uuid")
+        );
+        assert!(
+            super::batched("\\set r random(1, 2)\nSELECT :r;\n", 2).is_err(),
+            "a script with no transaction"
+        );
+    }
 
     #[test]
     fn every_handler_transaction_renders_from_its_source() {
