@@ -76,12 +76,13 @@ pub const BATCHED: [(&str, &str); 3] = [
 pub const BATCHED_WHAT: &str = "the same, CONSUMER_BATCH_SIZE events to a transaction";
 
 /// Writes the consumers' scripts in `scripts` as they run in batches of `batch` events
-/// ([`sql::batched`]) into `folder`; returns each one's name ([`BATCHED`]) and path.
+/// ([`sql::batched`]) into `folder`; returns, for each, the transaction it batches, its
+/// own name ([`BATCHED`]) and its path.
 pub fn write_batched_scripts(
     folder: &Path,
     scripts: &[(Transaction, PathBuf)],
     batch: u32,
-) -> anyhow::Result<Vec<(&'static str, PathBuf)>> {
+) -> anyhow::Result<Vec<(&'static str, &'static str, PathBuf)>> {
     let mut written = Vec::new();
     for (of, name) in BATCHED {
         let (_, script) = scripts
@@ -93,7 +94,7 @@ pub fn write_batched_scripts(
             &path,
             sql::batched(&std::fs::read_to_string(script)?, batch)?,
         )?;
-        written.push((name, path));
+        written.push((of, name, path));
     }
     Ok(written)
 }

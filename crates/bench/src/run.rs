@@ -824,10 +824,10 @@ struct Ceilings {
     partitions: u32,
     duration: Duration,
     relay_rows: u32,
-    /// The consumers' transactions as they run in batches, beside their one-event
-    /// scripts: each's name and script ([`pgbench::BATCHED`]); none a transaction per
+    /// The consumers' transactions as they run in batches: the transaction each
+    /// batches, its name and its script ([`pgbench::BATCHED`]); none a transaction per
     /// event.
-    batched: Vec<(&'static str, PathBuf)>,
+    batched: Vec<(&'static str, &'static str, PathBuf)>,
     consumer_batch: u32,
     measured: Vec<pgbench::Ceiling>,
 }
@@ -870,10 +870,7 @@ impl Ceilings {
             .with_context(|| format!("no pgbench script {name}"))?;
         let ceiling = self.run(transaction, script).await?;
         self.measured.push(ceiling);
-        let batched = pgbench::BATCHED.iter().find(|(of, _)| *of == name);
-        if let Some(&(_, batched_name)) = batched
-            && let Some((_, script)) = self.batched.iter().find(|(n, _)| *n == batched_name)
-        {
+        if let Some((_, batched_name, script)) = self.batched.iter().find(|(of, ..)| *of == name) {
             let mut ceiling = self.run(transaction, script).await?;
             ceiling.name = batched_name;
             ceiling.what = pgbench::BATCHED_WHAT;

@@ -955,7 +955,6 @@ fn bound(place: &str, statements: &[String], bindings: &[Binding]) -> anyhow::Re
         .collect()
 }
 
-/// Every `:name` pgbench would substitute must be one of [`VARIABLES`].
 /// A transaction's `script` as a consumer applies it in batches: `events` events in one
 /// transaction, each event's statements in turn with values of its own (each variable
 /// `\set` once per event, `r` becoming `r_1` … `r_16`), between one `BEGIN` and one
@@ -1048,6 +1047,7 @@ fn rename_variable(text: &str, from: &str, to: &str) -> String {
     out
 }
 
+/// Every `:name` pgbench would substitute must be one of [`VARIABLES`].
 fn check_variables(script: &str) -> anyhow::Result<()> {
     for line in script.lines().filter(|l| !l.starts_with("--")) {
         let bytes = line.as_bytes();
