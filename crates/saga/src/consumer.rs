@@ -466,16 +466,17 @@ struct PartitionWorker<H> {
 /// A record of a partition, prepared ([`Applier::prepare`]) in a task of its own while a
 /// record before it is applied. `None` when nothing was prepared: the record was not
 /// looked at ahead, or is no event at all (dead-lettered when its turn comes).
-type Ahead<P> = Option<tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>>;
+type Ahead<P> = Option<Prepare<P>>;
+
+/// The task preparing a record ahead: the record as an event, and what its prepare gave.
+type Prepare<P> = tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>;
 
 /// A record taken from its partition's queue, and its prepare if begun.
 type Taken<P> = (OwnedMessage, Ahead<P>);
 
 /// What a prepare begun ahead came to; `None` if the runtime is going down. A panic in
 /// it goes on as if it had happened here, in the worker.
-async fn joined<P>(
-    task: tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>,
-) -> Option<(Envelope, Result<Step<P>, HandlerError>)> {
+async fn joined<P>(task: Prepare<P>) -> Option<(Envelope, Result<Step<P>, HandlerError>)> {
     match task.await {
         Ok(prepared) => Some(prepared),
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
