@@ -243,14 +243,6 @@ pub const ORDER_TRANSACTIONS: [(&str, f64); 6] = [
 pub const UNMERGED_TRANSACTIONS: [(&str, f64); 3] =
     [("create", 1.0), ("provider", 1.0), ("relay", 4.0)];
 
-/// The consumers' transactions as pgbench runs them in batches
-/// ([`crate::pgbench::BATCHED`]), each once an order: ChargeOrder's with its read-ahead.
-pub const BATCHED_CONSUMERS: [(&str, f64); 3] = [
-    ("charge batched", 1.0),
-    ("apply batched", 1.0),
-    ("notify batched", 1.0),
-];
-
 /// POST → `confirmed` p99 at half the highest sustained rate: a transaction per event,
 /// and in batches (ms).
 pub const HALF_LOAD_P99_TARGET_MS: f64 = 50.0;
@@ -393,19 +385,8 @@ impl Report {
                 fmt(busy),
                 busy / budget,
             );
-            // The least everything but PostgreSQL cost an order at any step: the floor
-            // below is a floor only if no step did better.
-            let cheapest = self
-                .steps
-                .iter()
-                .map(|s| {
-                    let others = s.cpu_ms_per_order(s.cpu.machine - s.cpu.postgres);
-                    (s, others)
-                })
-                .filter(|(_, others)| others.is_finite())
-                .min_by(|a, b| a.1.total_cmp(&b.1));
             if self.batched()
-                && let Some((step, others)) = cheapest
+                && let Some((step, others)) = self.cheapest_but_postgres()
             {
                 let unmerged = ceiling_cpu_ms(&self.ceilings, &UNMERGED_TRANSACTIONS).postgres;
                 let _ = write!(
@@ -417,7 +398,10 @@ impl Report {
                     fmt(unmerged + others),
                     (unmerged + others) / budget,
                 );
-                let consumers = ceiling_cpu_ms(&self.ceilings, &BATCHED_CONSUMERS).postgres;
+                // Each consumer's batched run, once an order: ChargeOrder's with its
+                // read-ahead.
+                let batched = crate::pgbench::BATCHED.map(|(_, name)| (name, 1.0));
+                let consumers = ceiling_cpu_ms(&self.ceilings, &batched).postgres;
                 if consumers.is_finite() {
                     let floor = unmerged + consumers + others;
                     let _ = write!(
@@ -432,6 +416,16 @@ impl Report {
             }
         }
         md
+    }
+
+    /// The step where everything but PostgreSQL cost an order least, and that cost (ms):
+    /// a floor built on it is a floor only if no step did better.
+    fn cheapest_but_postgres(&self) -> Option<(&Step, f64)> {
+        self.steps
+            .iter()
+            .map(|s| (s, s.cpu_ms_per_order(s.cpu.machine - s.cpu.postgres)))
+            .filter(|(_, others)| others.is_finite())
+            .min_by(|a, b| a.1.total_cmp(&b.1))
     }
 
     /// The ceiling's CPU per order ([`ORDER_TRANSACTIONS`]).

@@ -955,6 +955,10 @@ fn bound(place: &str, statements: &[String], bindings: &[Binding]) -> anyhow::Re
         .collect()
 }
 
+/// The start of the statement by which a transaction's first outbox row turns the
+/// NOTIFY off for the rest of it (`crates/saga/src/outbox.rs`).
+const NOTIFY_OFF: &str = "SELECT set_config('saga.outbox_notify'";
+
 /// A transaction's `script` as a consumer applies it in batches: `events` events in one
 /// transaction, each event's statements in turn with values of its own (each variable
 /// `\set` once per event, `r` becoming `r_1` … `r_16`), between one `BEGIN` and one
@@ -994,6 +998,14 @@ pub fn batched(script: &str, events: u32) -> anyhow::Result<String> {
     if !begun {
         bail!("only a transaction's script can be batched:\n{script}");
     }
+    if !body
+        .iter()
+        .any(|statement| statement.starts_with(NOTIFY_OFF))
+    {
+        bail!(
+            "no `{NOTIFY_OFF}` in the transaction, to run once a batch: update crates/bench/src/sql.rs\n{script}"
+        );
+    }
     let event = |statement: &str, k: u32| {
         variables
             .iter()
@@ -1015,7 +1027,7 @@ pub fn batched(script: &str, events: u32) -> anyhow::Result<String> {
     out.push_str("BEGIN;\n");
     for k in 1..=events {
         for statement in &body {
-            if k > 1 && statement.starts_with("SELECT set_config('saga.outbox_notify'") {
+            if k > 1 && statement.starts_with(NOTIFY_OFF) {
                 continue;
             }
             writeln!(out, "{}", event(statement, k))?;
@@ -1117,6 +1129,18 @@ mod tests {
             super::batched("\\set r random(1, 2)\nSELECT :r;\n", 2).is_err(),
             "a script with no transaction"
         );
+        assert!(
+            super::batched("BEGIN;\nSELECT 1;\nCOMMIT;\n", 2).is_err(),
+            "a transaction whose NOTIFY switch the batch cannot find"
+        );
+        for (of, _) in crate::pgbench::BATCHED {
+            let transaction = Transaction::all()
+                .into_iter()
+                .find(|t| t.name == of)
+                .unwrap();
+            super::batched(&transaction.pgbench_script().unwrap(), 16)
+                .unwrap_or_else(|e| panic!("{of}: {e:#}"));
+        }
     }
 
     #[test]
