@@ -101,7 +101,7 @@ impl Plan {
         }
     }
 
-    /// The figures for the README: more steps, longer ones, a bigger backlog.
+    /// The figures for the benchmark's page: more steps, longer ones, a bigger backlog.
     pub fn full() -> Self {
         Self {
             mode: "full",
