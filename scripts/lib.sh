@@ -156,20 +156,26 @@ ensure_browser() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >&2
 }
 
-# schemathesis, for the order API's contract test (crates/e2e/tests/contract.rs),
-# from PyPI into a virtual environment of its own under .cache, once per version.
+# A tool from PyPI, pinned, in a virtual environment of its own under .cache,
+# installed once per version: ensure_pypi_tool PACKAGE VERSION VENV.
+ensure_pypi_tool() {
+  local package="$1" version="$2" venv="$3"
+  local marker="$venv/.installed"
+  [[ -f "$marker" && "$(<"$marker")" == "$version" ]] && return 0
+  require_command python3 "apt-get install -y python3 python3-venv"
+  log "installing $package $version from PyPI into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" ||
+    die "python3 cannot make a virtual environment (apt-get install -y python3-venv)"
+  "$venv/bin/pip" install -q "$package==$version" >&2
+  printf '%s\n' "$version" >"$marker"
+}
+
+# schemathesis, for the order API's contract test (crates/e2e/tests/contract.rs).
 SCHEMATHESIS_VERSION=4.32.5
 SCHEMATHESIS_VENV="$CACHE_DIR/schemathesis"
 ensure_schemathesis() {
-  local marker="$SCHEMATHESIS_VENV/.installed"
-  [[ -f "$marker" && "$(<"$marker")" == "$SCHEMATHESIS_VERSION" ]] && return 0
-  require_command python3 "apt-get install -y python3 python3-venv"
-  log "installing schemathesis $SCHEMATHESIS_VERSION from PyPI into $SCHEMATHESIS_VENV"
-  rm -rf "$SCHEMATHESIS_VENV"
-  python3 -m venv "$SCHEMATHESIS_VENV" ||
-    die "python3 cannot make a virtual environment (apt-get install -y python3-venv)"
-  "$SCHEMATHESIS_VENV/bin/pip" install -q "schemathesis==$SCHEMATHESIS_VERSION" >&2
-  printf '%s\n' "$SCHEMATHESIS_VERSION" >"$marker"
+  ensure_pypi_tool schemathesis "$SCHEMATHESIS_VERSION" "$SCHEMATHESIS_VENV"
 }
 
 # True when PID_FILE names a live process whose command line contains PATTERN.
