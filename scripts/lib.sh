@@ -189,6 +189,22 @@ pid_file_alive() {
   tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$pattern"
 }
 
+# stop_process NAME PID: asks PID (NAME, in the log) to stop with SIGTERM, as
+# scripts/stop-services does: a service finishes the record in hand and commits
+# its offsets. Kills it if it has not exited within 30 s.
+stop_process() {
+  local name="$1" pid="$2"
+  kill -TERM "$pid" 2>/dev/null || return 0
+  if ! wait_until 30 "$name to exit" process_exited "$pid"; then
+    log "$name ignored SIGTERM; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+}
+
+process_exited() {
+  ! kill -0 "$1" 2>/dev/null
+}
+
 # Fetches the broker and CLI jars from Maven Central into $KAFKA_LIBS, once.
 # The marker records the POM's checksum: it is written only after a complete
 # copy (so an interrupted download is redone) and a changed POM refetches.
