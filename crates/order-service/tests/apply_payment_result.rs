@@ -202,7 +202,7 @@ async fn two_results_applied_concurrently_make_exactly_one_transition() {
         let other = Applier::new(f.db.pool.clone(), ApplyPaymentResult::new(f.topics.clone()));
 
         let (a, b) = tokio::join!(f.handler.apply(&success), other.apply(&failure));
-        let mut outcomes = [a.unwrap(), b.unwrap()];
+        let mut outcomes = [a, b].map(|applied| raced(round, order_id, applied));
         outcomes.sort_by_key(|o| o.as_str());
         assert_eq!(
             outcomes,
@@ -242,6 +242,27 @@ async fn two_results_applied_concurrently_make_exactly_one_transition() {
             announced, expected_type,
             "round {round}: state and event disagree"
         );
+    }
+}
+
+/// What one of two results applied at once did. Had both passed guard 2, the loser would
+/// have changed the order too, and only the outbox's unique event id would stop its commit:
+/// a failure says so rather than just showing the unique violation.
+fn raced(round: usize, order_id: Uuid, applied: Result<Outcome, HandlerError>) -> Outcome {
+    match applied {
+        Ok(outcome) => outcome,
+        Err(HandlerError::Database(error))
+            if error.as_db_error().and_then(|db| db.constraint())
+                == Some("outbox_event_id_key") =>
+        {
+            panic!(
+                "round {round}: both results passed guard 2: the loser read a stale `pending`, \
+                 got past the status check and changed the order too, and only the outbox's \
+                 unique event id `{order_id}:outcome` stopped it: {}",
+                saga::db::describe(&error)
+            )
+        }
+        Err(error) => panic!("round {round}: {error}"),
     }
 }
 
