@@ -189,9 +189,9 @@ pid_file_alive() {
   tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$pattern"
 }
 
-# stop_process NAME PID: asks PID (NAME, in the log) to stop with SIGTERM, as
-# scripts/stop-services does: a service finishes the record in hand and commits
-# its offsets. Kills it if it has not exited within 30 s.
+# stop_process NAME PID: asks PID (NAME, in the log) to stop with SIGTERM, on
+# which a service finishes the record in hand and commits its offsets. Kills it
+# if it has not exited within 30 s.
 stop_process() {
   local name="$1" pid="$2"
   kill -TERM "$pid" 2>/dev/null || return 0
