@@ -419,7 +419,7 @@ pub enum ApiError {
 /// the pooled sessions: "connection closed", SQLSTATE 57P01) is a 503, like a pool that
 /// cannot connect: the same classes the consumer retries for as long as it takes.
 fn database_error(error: tokio_postgres::Error) -> ApiError {
-    match saga::handler::classify_postgres(&error) {
+    match saga::retry::classify_postgres(&error) {
         Retry::UntilItWorks => ApiError::Unavailable(error.to_string()),
         Retry::AFewTimes | Retry::Never => ApiError::Internal(error.into()),
     }

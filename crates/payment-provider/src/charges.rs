@@ -440,7 +440,7 @@ impl ProviderError {
 
 impl From<tokio_postgres::Error> for ProviderError {
     fn from(error: tokio_postgres::Error) -> Self {
-        match saga::handler::classify_postgres(&error) {
+        match saga::retry::classify_postgres(&error) {
             Retry::UntilItWorks => ProviderError::Unavailable(error.to_string()),
             Retry::AFewTimes | Retry::Never => ProviderError::Internal(error.into()),
         }

@@ -57,8 +57,9 @@ use tracing::Instrument;
 use crate::backoff;
 use crate::envelope::Envelope;
 use crate::failpoint;
-use crate::handler::{Applier, Handler, HandlerError, Retry, Step};
+use crate::handler::{Applier, Handler, HandlerError, Step};
 use crate::metrics;
+use crate::retry::Retry;
 
 /// Records buffered per partition ahead of its worker (about 1 KiB each).
 const PARTITION_QUEUE: usize = 1024;

@@ -160,7 +160,7 @@ where
     loop {
         match migrate().await {
             Err(DbError::Connect(error))
-                if crate::handler::classify_postgres(&error) == crate::Retry::UntilItWorks =>
+                if crate::retry::classify_postgres(&error) == crate::retry::Retry::UntilItWorks =>
             {
                 let delay = crate::backoff::next_delay(&mut delays);
                 let error = describe(&error);

@@ -15,7 +15,8 @@ use futures::future::join_all;
 
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::failpoint;
-use crate::outbox::LocalRelay;
+use crate::local_relay::LocalRelay;
+use crate::retry::{Retry, classify_postgres};
 use crate::transaction::Transaction;
 
 /// What applying one event did. Every variant means "done": the offset may be committed.
@@ -66,29 +67,6 @@ impl From<EnvelopeError> for HandlerError {
     }
 }
 
-/// How a failure is retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Retry {
-    /// The world is briefly broken (database down, serialization conflict): retry with
-    /// backoff for as long as it takes; never skip the event.
-    UntilItWorks,
-    /// Unexpected, possibly permanent (a constraint the code did not foresee): retry a
-    /// few times in case it is not, then dead-letter.
-    AFewTimes,
-    /// Dead-letter at once.
-    Never,
-}
-
-impl Retry {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Retry::UntilItWorks => "until_it_works",
-            Retry::AFewTimes => "a_few_times",
-            Retry::Never => "never",
-        }
-    }
-}
-
 impl HandlerError {
     pub fn rejected(reason: impl Into<String>) -> Self {
         HandlerError::Rejected(reason.into())
@@ -110,23 +88,6 @@ impl HandlerError {
             HandlerError::Pool(_) | HandlerError::Unavailable(_) => Retry::UntilItWorks,
             HandlerError::Database(error) => classify_postgres(error),
         }
-    }
-}
-
-/// Sorts PostgreSQL errors by SQLSTATE class: connection loss, conflicts and a server
-/// that is shutting down or out of resources heal by themselves; anything else is a
-/// surprise. The order API uses it too, to answer 503 rather than 500.
-pub fn classify_postgres(error: &tokio_postgres::Error) -> Retry {
-    let Some(state) = error.code() else {
-        // No SQLSTATE: the connection broke or closed under us.
-        return Retry::UntilItWorks;
-    };
-    match &state.code()[..2] {
-        // connection exception, transaction rollback (serialization, deadlock),
-        // insufficient resources, operator intervention (admin shutdown), system error
-        "08" | "40" | "53" | "57" | "58" => Retry::UntilItWorks,
-        _ if state == &tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE => Retry::UntilItWorks,
-        _ => Retry::AFewTimes,
     }
 }
 

@@ -6,14 +6,17 @@
 //! - [`handler`]: the [`Handler`] a service writes (decode; prepare, outside any
 //!   transaction, for a call to another system; then guards and state change inside a
 //!   transaction it is handed), the [`Applier`] that owns those transactions (one
-//!   per event, or one per batch), what applying returns ([`Outcome`]) and how a failure
-//!   is retried ([`Retry`]).
+//!   per event, or one per batch), and what applying returns ([`Outcome`]).
+//! - [`retry`]: how a failure is retried ([`Retry`]), and which PostgreSQL errors heal by
+//!   themselves.
 //! - [`consumer`]: the loop: per-partition order, offset stored after the handler,
 //!   optional batches, backoff, dead letters, graceful stop.
 //! - [`transaction`]: the handlers' [`Transaction`], pipelined: `BEGIN` goes out with the
 //!   first statement, and writes whose result nobody reads with the next one or `COMMIT`.
 //! - [`outbox`]: [`outbox::enqueue`] inside the handler's transaction, and the
 //!   [`OutboxRelay`] that publishes committed rows.
+//! - [`local_relay`]: how a transaction wakes its own process's relay ([`LocalRelay`]),
+//!   without PostgreSQL's NOTIFY.
 //! - [`idempotency`]: the `Idempotency-Key` header, the request fingerprint and the
 //!   replayed response, for an HTTP endpoint that makes a client's retry harmless.
 //! - [`retention`]: the [`retention::Pruner`] that keeps the inbox, the outbox and the
@@ -41,17 +44,21 @@ pub mod handler;
 pub mod http;
 pub mod idempotency;
 pub mod kafka;
+pub mod local_relay;
 pub mod metrics;
 pub mod outbox;
 pub mod redrive;
 pub mod retention;
+pub mod retry;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 pub mod transaction;
 
 pub use envelope::{Delivery, Envelope, EnvelopeError};
-pub use handler::{Applier, Handler, HandlerError, Outcome, Retry, Step};
+pub use handler::{Applier, Handler, HandlerError, Outcome, Step};
 pub use kafka::Topics;
-pub use outbox::{LocalRelay, OutboxRelay};
+pub use local_relay::LocalRelay;
+pub use outbox::OutboxRelay;
+pub use retry::Retry;
 pub use transaction::Transaction;

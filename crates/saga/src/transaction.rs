@@ -35,7 +35,7 @@ use futures::future::{MaybeDone, maybe_done};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Error, Row, Statement, ToStatement};
 
-use crate::outbox::LocalRelay;
+use crate::local_relay::LocalRelay;
 
 /// A request sent (or about to be) whose answer is only checked for an error.
 type Queued<'c> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'c>>;
