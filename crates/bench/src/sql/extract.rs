@@ -1,0 +1,283 @@
+//! Reading the handlers' statements: each function's SQL parsed out of its source file
+//! with `syn`, and the outbox's constants the relay runs with.
+
+use anyhow::{Context as _, bail};
+use syn::visit::Visit;
+
+/// A source file the benchmark reads SQL from, by its path in the workspace.
+pub struct Source {
+    pub path: &'static str,
+    pub text: &'static str,
+}
+
+pub const ORDERS: Source = Source {
+    path: "crates/order-service/src/orders.rs",
+    text: include_str!("../../../order-service/src/orders.rs"),
+};
+pub const APPLY_PAYMENT_RESULT: Source = Source {
+    path: "crates/order-service/src/apply_payment_result.rs",
+    text: include_str!("../../../order-service/src/apply_payment_result.rs"),
+};
+pub const CHARGE_ORDER: Source = Source {
+    path: "crates/payment-service/src/charge_order.rs",
+    text: include_str!("../../../payment-service/src/charge_order.rs"),
+};
+pub const NOTIFY_CUSTOMER: Source = Source {
+    path: "crates/notification-service/src/notify_customer.rs",
+    text: include_str!("../../../notification-service/src/notify_customer.rs"),
+};
+pub const OUTBOX: Source = Source {
+    path: "crates/saga/src/outbox.rs",
+    text: include_str!("../../../saga/src/outbox.rs"),
+};
+pub const PROVIDER_CHARGES: Source = Source {
+    path: "crates/payment-provider/src/charges.rs",
+    text: include_str!("../../../payment-provider/src/charges.rs"),
+};
+
+/// Every source file above, for the drift check.
+pub const SOURCES: [&Source; 6] = [
+    &ORDERS,
+    &APPLY_PAYMENT_RESULT,
+    &CHARGE_ORDER,
+    &NOTIFY_CUSTOMER,
+    &OUTBOX,
+    &PROVIDER_CHARGES,
+];
+
+/// Functions in those files whose SQL is deliberately not benchmarked, and why.
+pub const NOT_BENCHMARKED: [(&str, &str); 4] = [
+    (
+        "find_order",
+        "GET /v1/orders/{id}: a read, not a step of the saga",
+    ),
+    (
+        "session",
+        "the relay's advisory lock, taken once per session, not per batch",
+    ),
+    (
+        "list_charges",
+        "GET /v1/charges: the provider's list for a person counting an order's charges",
+    ),
+    (
+        "get_charge",
+        "GET /v1/charges/{id}: a read at the provider, not a step of the saga",
+    ),
+];
+
+/// Client methods whose first argument is a statement.
+const QUERY_METHODS: [&str; 9] = [
+    "execute",
+    "query",
+    "query_one",
+    "query_opt",
+    "query_raw",
+    "execute_raw",
+    "prepare",
+    "prepare_cached",
+    "batch_execute",
+];
+
+/// What one function of a source file does with the database, in source order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Extracted {
+    /// The statements, each as written in the source.
+    pub statements: Vec<String>,
+    /// Whether it runs in a transaction: opens one (`client.transaction()`) or is handed
+    /// one (a `&Transaction` parameter: a handler's, opened by the consumer's `Applier`).
+    pub transactional: bool,
+}
+
+struct Collector {
+    statements: Vec<String>,
+    transactional: bool,
+    /// The outbox insert, spliced in where a handler calls `outbox::enqueue`.
+    enqueue: Option<Vec<String>>,
+}
+
+impl<'ast> Visit<'ast> for Collector {
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        // Receiver first: `client.transaction().await?.execute(…)` reads left to right.
+        self.visit_expr(&call.receiver);
+        let method = call.method.to_string();
+        if method == "transaction" {
+            self.transactional = true;
+        }
+        if QUERY_METHODS.contains(&method.as_str())
+            && let Some(syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(sql),
+                ..
+            })) = call.args.first()
+        {
+            self.statements.push(sql.value());
+        }
+        for arg in &call.args {
+            self.visit_expr(arg);
+        }
+    }
+
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        if let syn::Expr::Path(path) = &*call.func {
+            let segments: Vec<String> = path
+                .path
+                .segments
+                .iter()
+                .map(|s| s.ident.to_string())
+                .collect();
+            // `saga::Transaction::begin(&client)` opens one, like `client.transaction()`.
+            if segments.ends_with(&["Transaction".to_owned(), "begin".to_owned()]) {
+                self.transactional = true;
+            }
+            if segments.ends_with(&["outbox".to_owned(), "enqueue".to_owned()])
+                && let Some(enqueue) = &self.enqueue
+            {
+                self.statements.extend(enqueue.iter().cloned());
+            }
+        }
+        syn::visit::visit_expr_call(self, call);
+    }
+}
+
+/// A function of a source file: its name, whether it is handed a transaction, its body.
+struct Function {
+    name: String,
+    handed_transaction: bool,
+    block: syn::Block,
+}
+
+impl Function {
+    fn new(sig: &syn::Signature, block: syn::Block) -> Self {
+        let handed_transaction = sig.inputs.iter().any(|input| match input {
+            syn::FnArg::Typed(typed) => is_transaction(&typed.ty),
+            syn::FnArg::Receiver(_) => false,
+        });
+        Self {
+            name: sig.ident.to_string(),
+            handed_transaction,
+            block,
+        }
+    }
+}
+
+/// `Transaction<'_>`, `&Transaction<'_>`, `&deadpool_postgres::Transaction<'_>`, …
+fn is_transaction(ty: &syn::Type) -> bool {
+    match ty {
+        syn::Type::Reference(reference) => is_transaction(&reference.elem),
+        syn::Type::Path(path) => path
+            .path
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "Transaction"),
+        _ => false,
+    }
+}
+
+/// Every function of `source` (free functions and methods).
+fn functions(source: &Source) -> anyhow::Result<Vec<Function>> {
+    let file = syn::parse_file(source.text).with_context(|| format!("parsing {}", source.path))?;
+    let mut found = Vec::new();
+    for item in file.items {
+        match item {
+            syn::Item::Fn(function) => found.push(Function::new(&function.sig, *function.block)),
+            syn::Item::Impl(implementation) => {
+                for item in implementation.items {
+                    if let syn::ImplItem::Fn(method) = item {
+                        found.push(Function::new(&method.sig, method.block));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(found)
+}
+
+fn find(source: &Source, name: &str) -> anyhow::Result<Function> {
+    functions(source)?
+        .into_iter()
+        .find(|function| function.name == name)
+        .with_context(|| format!("no function `{name}` in {}", source.path))
+}
+
+fn collect(function: &Function, enqueue: Option<Vec<String>>) -> Extracted {
+    let mut collector = Collector {
+        statements: Vec::new(),
+        transactional: function.handed_transaction,
+        enqueue,
+    };
+    collector.visit_block(&function.block);
+    Extracted {
+        statements: collector.statements,
+        transactional: collector.transactional,
+    }
+}
+
+/// The SQL of function `name` in `source`, with `outbox::enqueue` calls expanded.
+pub fn extract(source: &Source, name: &str) -> anyhow::Result<Extracted> {
+    let enqueue = extract_plain(&OUTBOX, "enqueue")?.statements;
+    Ok(collect(&find(source, name)?, Some(enqueue)))
+}
+
+pub(super) fn extract_plain(source: &Source, name: &str) -> anyhow::Result<Extracted> {
+    Ok(collect(&find(source, name)?, None))
+}
+
+/// Every function of `source` that runs SQL of its own, with that SQL.
+pub fn functions_with_sql(source: &Source) -> anyhow::Result<Vec<(String, Extracted)>> {
+    Ok(functions(source)?
+        .into_iter()
+        .map(|function| (function.name.clone(), collect(&function, None)))
+        .filter(|(_, extracted)| !extracted.statements.is_empty())
+        .collect())
+}
+
+/// The advisory lock the active outbox relay holds (`RELAY_LOCK` in outbox.rs). The
+/// benchmark takes it to hold a relay back while a backlog builds up.
+pub fn relay_lock() -> anyhow::Result<i64> {
+    match outbox_constant("RELAY_LOCK")? {
+        syn::Lit::Int(value) => Ok(value.base10_parse()?),
+        _ => bail!("`RELAY_LOCK` in {} is not an integer", OUTBOX.path),
+    }
+}
+
+/// The relay's session's `synchronous_commit` (`RELAY_SYNCHRONOUS_COMMIT` in outbox.rs),
+/// which pgbench's relay run is given too, so the ceiling commits its marks as the relay
+/// does.
+pub fn relay_synchronous_commit() -> anyhow::Result<String> {
+    match outbox_constant("RELAY_SYNCHRONOUS_COMMIT")? {
+        syn::Lit::Str(value) => Ok(value.value()),
+        _ => bail!(
+            "`RELAY_SYNCHRONOUS_COMMIT` in {} is not a string",
+            OUTBOX.path
+        ),
+    }
+}
+
+/// The relay's session's `plan_cache_mode` (`RELAY_PLAN_CACHE_MODE` in outbox.rs), which
+/// pgbench's relay run is given too: its statements are prepared, as the relay's are, and
+/// planned as the relay's are.
+pub fn relay_plan_cache_mode() -> anyhow::Result<String> {
+    match outbox_constant("RELAY_PLAN_CACHE_MODE")? {
+        syn::Lit::Str(value) => Ok(value.value()),
+        _ => bail!("`RELAY_PLAN_CACHE_MODE` in {} is not a string", OUTBOX.path),
+    }
+}
+
+/// The literal value of `const <name>` in outbox.rs.
+fn outbox_constant(name: &str) -> anyhow::Result<syn::Lit> {
+    let file = syn::parse_file(OUTBOX.text).context("parsing outbox.rs")?;
+    for item in file.items {
+        if let syn::Item::Const(constant) = item
+            && constant.ident == name
+            && let syn::Expr::Lit(syn::ExprLit { lit, .. }) = *constant.expr
+        {
+            return Ok(lit);
+        }
+    }
+    bail!("no `const {name}: … = <literal>` in {}", OUTBOX.path)
+}
+
+/// Collapses runs of whitespace, so statements compare and print on one line.
+pub fn one_line(sql: &str) -> String {
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}

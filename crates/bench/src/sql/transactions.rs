@@ -1,0 +1,511 @@
+//! The transactions the benchmark runs under pgbench: which handler function each is,
+//! and the values each of its statements is run with.
+
+use super::extract::{
+    APPLY_PAYMENT_RESULT, CHARGE_ORDER, Extracted, NOTIFY_CUSTOMER, ORDERS, OUTBOX,
+    PROVIDER_CHARGES, Source, extract,
+};
+
+/// One statement's values: the words it must start with, and an SQL expression per `$n`.
+pub struct Binding {
+    pub starts_with: &'static str,
+    pub values: Vec<String>,
+}
+
+/// Which database a transaction runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Database {
+    Orders,
+    Payments,
+    Notifications,
+    /// payment-provider's: charges and keys, no inbox and no outbox.
+    Provider,
+}
+
+/// Statements of another function of the same source that run before a transaction,
+/// each on its own (autocommitted), with their values.
+pub struct Ahead {
+    pub function: &'static str,
+    pub bindings: Vec<Binding>,
+}
+
+/// One handler transaction, as the benchmark runs it under pgbench.
+pub struct Transaction {
+    /// Short name used in reports: `create`, `charge`, `apply`, `notify`, `relay`.
+    pub name: &'static str,
+    pub what: &'static str,
+    pub database: Database,
+    pub source: &'static Source,
+    pub function: &'static str,
+    /// pgbench `\set` lines run before it (random ids).
+    pub variables: Vec<String>,
+    /// What the handler runs before its transaction opens: ChargeOrder's read-ahead.
+    pub ahead: Option<Ahead>,
+    /// Statements of the function that this transaction does not run, by their opening
+    /// words: those of another path through it (with a key or without, a replay).
+    pub skips: Vec<&'static str>,
+    pub bindings: Vec<Binding>,
+}
+
+/// Orders the `apply` script finds pending (see [`Transaction::apply`]).
+pub const PENDING_ORDERS: u32 = 100_000;
+
+/// The relay reads and marks this many rows per round trip (`batch_size` in outbox.rs).
+pub const RELAY_BATCH: u32 = 100;
+
+const PRODUCT: &str = "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21";
+const PRICE_CENTS: i64 = 1299;
+const QUANTITY: i32 = 2;
+/// A fresh order id per transaction: unique across clients and runs in practice.
+const ORDER_ID: &str = "md5(:client_id::text || '-' || :r::text)::uuid";
+/// One of the pending orders the `apply` setup made.
+const PENDING_ORDER_ID: &str = "md5('pending-' || :i::text)::uuid";
+
+fn text(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// A value as a text literal of its JSON. Pretty-printed, because pgbench would read the
+/// `:1299` of compact JSON as a variable.
+fn json_text(payload: &impl serde::Serialize) -> String {
+    let mut bytes = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b"");
+    let mut serializer = serde_json::Serializer::with_formatter(&mut bytes, formatter);
+    payload
+        .serialize(&mut serializer)
+        .expect("payloads serialize");
+    text(&String::from_utf8(bytes).expect("JSON is UTF-8"))
+}
+
+/// A payload as a jsonb literal; jsonb stores the same value however it was printed.
+fn jsonb(payload: &impl serde::Serialize) -> String {
+    format!("{}::jsonb", json_text(payload))
+}
+
+fn sample_order_id() -> uuid::Uuid {
+    uuid::Uuid::parse_str("ed30fc90-1111-4c9d-b2a5-0c1e3f4a9b21").expect("a valid uuid")
+}
+
+/// The outbox row of an event with `event_id`, caused by the event `caused_by` (SQL;
+/// `NULL` for none).
+fn outbox(
+    event_id: String,
+    topic: &str,
+    event_type: &str,
+    payload: String,
+    caused_by: String,
+) -> Binding {
+    Binding {
+        starts_with: "INSERT INTO outbox",
+        values: vec![
+            event_id,
+            text(topic),
+            format!("{ORDER_ID}::text"),
+            text(event_type),
+            payload,
+            caused_by,
+        ],
+    }
+}
+
+/// The setting that spares the outbox's trigger its NOTIFY: a handler writes it before
+/// its row, as the services' handlers run beside their active relay, which they wake in
+/// memory.
+fn without_notify() -> Binding {
+    Binding {
+        starts_with: "SELECT set_config('saga.outbox_notify'",
+        values: Vec::new(),
+    }
+}
+
+/// Guard 1's claim of `event_id`, read from `topic` at a partition and offset of the
+/// same width as a real one's.
+fn claim(event_id: String, topic: &str) -> Binding {
+    Binding {
+        starts_with: "INSERT INTO processed_events",
+        values: vec![
+            event_id,
+            text(topic),
+            "2".into(),
+            ":r::bigint % 1000000".into(),
+        ],
+    }
+}
+
+/// What `POST /v1/orders` runs for its `Idempotency-Key` alone, by their opening words:
+/// the key's wait (not the outbox's `set_config`, which the unkeyed request sends too),
+/// its claim, and the replay's read.
+const KEY_STATEMENTS: [&str; 3] = [
+    "SELECT set_config('lock_timeout'",
+    "INSERT INTO idempotency_keys",
+    "SELECT fingerprint",
+];
+
+impl Transaction {
+    /// `POST /v1/orders` without a key: price lookup, order, items, `order.created` in the
+    /// outbox.
+    pub fn create() -> Self {
+        Self {
+            name: "create",
+            what: "POST /v1/orders: order + items + outbox",
+            skips: KEY_STATEMENTS.to_vec(),
+            ..Self::create_keyed()
+        }
+        .without_key_bindings()
+    }
+
+    /// `POST /v1/orders` with an `Idempotency-Key` seen for the first time: the key
+    /// claimed with the answer it will give, then the order as [`Transaction::create`].
+    pub fn create_keyed() -> Self {
+        use saga::events::{OrderCreated, OrderItem};
+        let payload = OrderCreated {
+            order_id: sample_order_id(),
+            customer_id: "bench-ceiling".into(),
+            amount_cents: PRICE_CENTS * i64::from(QUANTITY),
+            items: vec![OrderItem {
+                product_id: PRODUCT.parse().expect("a valid uuid"),
+                quantity: QUANTITY,
+                unit_price_cents: PRICE_CENTS,
+            }],
+        };
+        // About the size of the order's real 201 body (no colons in its times: pgbench
+        // would read `:34` as a variable).
+        let answer = serde_json::json!({ "id": sample_order_id(), "customer_id": "bench-ceiling",
+            "status": "pending", "amount_cents": PRICE_CENTS * i64::from(QUANTITY),
+            "items": payload.items, "created_at": "2026-12-01T09 34 33.155518Z",
+            "updated_at": "2026-12-01T09 34 33.155518Z" });
+        let key = "'bench-' || :client_id::text || '-' || :r::text";
+        Self {
+            name: "create keyed",
+            what: "POST /v1/orders with an Idempotency-Key: key and answer + order + items + outbox",
+            database: Database::Orders,
+            source: &ORDERS,
+            function: "place_order",
+            ahead: None,
+            variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            // Only a replay reads the stored answer back.
+            skips: vec!["SELECT fingerprint"],
+            bindings: vec![
+                Binding {
+                    starts_with: "SELECT id, price_cents",
+                    values: vec![format!("ARRAY['{PRODUCT}']::uuid[]")],
+                },
+                Binding {
+                    starts_with: "SELECT set_config('lock_timeout'",
+                    values: vec![text("2000ms")],
+                },
+                Binding {
+                    starts_with: "INSERT INTO idempotency_keys",
+                    values: vec![
+                        key.into(),
+                        "sha256((:r::text)::bytea)".into(),
+                        ORDER_ID.into(),
+                        "201".into(),
+                        json_text(&answer),
+                        "86400.0".into(),
+                    ],
+                },
+                Binding {
+                    starts_with: "INSERT INTO orders",
+                    values: vec![
+                        ORDER_ID.into(),
+                        text("bench-ceiling"),
+                        (PRICE_CENTS * i64::from(QUANTITY)).to_string(),
+                        "now()".into(),
+                    ],
+                },
+                Binding {
+                    starts_with: "INSERT INTO order_items",
+                    values: vec![
+                        ORDER_ID.into(),
+                        format!("ARRAY['{PRODUCT}']"),
+                        format!("ARRAY[{QUANTITY}]"),
+                        format!("ARRAY[{PRICE_CENTS}]"),
+                    ],
+                },
+                without_notify(),
+                outbox(
+                    format!("{ORDER_ID}::text"),
+                    "orders",
+                    saga::events::ORDER_CREATED,
+                    jsonb(&payload),
+                    "NULL".into(),
+                ),
+            ],
+        }
+    }
+
+    /// These bindings without the key's statements.
+    fn without_key_bindings(mut self) -> Self {
+        self.bindings
+            .retain(|b| !KEY_STATEMENTS.iter().any(|s| b.starts_with.starts_with(s)));
+        self
+    }
+
+    /// payment-service's ChargeOrder, what it runs in its own database for an event: the
+    /// read-ahead (has this event, or this order, been handled?), which decides whether
+    /// the provider is called, then inbox, payment, `payment.succeeded` in the outbox.
+    /// The provider's side of the call is [`Transaction::provider`]. Both lookups of the
+    /// read-ahead miss, as they do for every new order.
+    pub fn charge() -> Self {
+        Self {
+            name: "charge",
+            what: "ChargeOrder: read-ahead, then inbox + payment + outbox",
+            ahead: Some(Ahead {
+                function: "already_handled",
+                bindings: vec![Binding {
+                    starts_with: "SELECT EXISTS (SELECT 1 FROM processed_events",
+                    values: vec![format!("{ORDER_ID}::text"), ORDER_ID.into()],
+                }],
+            }),
+            ..Self::charge_without_call()
+        }
+    }
+
+    /// ChargeOrder's transaction alone, without the read-ahead and the provider's charge:
+    /// all of its SQL before it called the provider, and so the ceiling the runs made
+    /// before then were measured against.
+    pub fn charge_without_call() -> Self {
+        let payload = saga::events::PaymentResult {
+            order_id: sample_order_id(),
+            amount_cents: PRICE_CENTS * i64::from(QUANTITY),
+            reason: None,
+        };
+        Self {
+            name: "charge without call",
+            what: "ChargeOrder's transaction alone: inbox + payment + outbox",
+            database: Database::Payments,
+            source: &CHARGE_ORDER,
+            function: "charge_order",
+            variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            ahead: None,
+            skips: Vec::new(),
+            bindings: vec![
+                claim(format!("{ORDER_ID}::text"), "orders"),
+                Binding {
+                    starts_with: "INSERT INTO payments",
+                    values: vec![
+                        ORDER_ID.into(),
+                        format!("{ORDER_ID}::text"),
+                        text("succeeded"),
+                        (PRICE_CENTS * i64::from(QUANTITY)).to_string(),
+                        "NULL".into(),
+                        // The provider's ids: `ch_` and 32 hex digits.
+                        format!("'ch_' || md5({ORDER_ID}::text)"),
+                    ],
+                },
+                without_notify(),
+                outbox(
+                    // Ids keep their length; `-` for the `:` pgbench would misread.
+                    format!("{ORDER_ID}::text || '-payment'"),
+                    "payments",
+                    saga::events::PAYMENT_SUCCEEDED,
+                    jsonb(&payload),
+                    format!("{ORDER_ID}::text"),
+                ),
+            ],
+        }
+    }
+
+    /// payment-provider's charge for a key it has not seen, as `POST /v1/charges` makes it
+    /// for every order payment-service asks about: the key claimed with the answer it
+    /// will give, the charge, one commit, in the provider's own database on the same
+    /// server as the saga's. Run at the consumer's connections: a transaction per event,
+    /// payment-service makes one call per partition at a time.
+    pub fn provider() -> Self {
+        let amount_cents = PRICE_CENTS * i64::from(QUANTITY);
+        let charge_id = format!("'ch_' || md5({ORDER_ID}::text)");
+        // The answer's fields as the provider stores them (no colons in its time: pgbench
+        // would read `:34` as a variable).
+        let answer = serde_json::json!({ "id": format!("ch_{}", sample_order_id().simple()),
+            "amount_cents": amount_cents, "currency": payment_service::charge_order::CURRENCY,
+            "reference": sample_order_id(), "status": "succeeded",
+            "created_at": "2026-12-01T09 34 33.155518Z" });
+        Self {
+            name: "provider",
+            what: "payment-provider's charge: key and answer + charge",
+            database: Database::Provider,
+            source: &PROVIDER_CHARGES,
+            function: "charge",
+            variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            ahead: None,
+            // Only a replay reads the stored answer back.
+            skips: vec!["SELECT fingerprint"],
+            bindings: vec![
+                Binding {
+                    starts_with: "SELECT now(), set_config('lock_timeout'",
+                    // The provider's default IDEMPOTENCY_KEY_WAIT.
+                    values: vec![text("2000ms")],
+                },
+                Binding {
+                    starts_with: "INSERT INTO idempotency_keys",
+                    values: vec![
+                        // `<order id>:charge`, its length kept; `-` for the `:` pgbench
+                        // would misread.
+                        format!("{ORDER_ID}::text || '-charge'"),
+                        "sha256((:r::text)::bytea)".into(),
+                        charge_id.clone(),
+                        "201".into(),
+                        json_text(&answer),
+                        "86400.0".into(),
+                    ],
+                },
+                Binding {
+                    starts_with: "INSERT INTO charges",
+                    values: vec![
+                        charge_id,
+                        format!("{ORDER_ID}::text"),
+                        amount_cents.to_string(),
+                        text(payment_service::charge_order::CURRENCY),
+                        text("succeeded"),
+                        "NULL".into(),
+                        "NULL".into(),
+                        "now()".into(),
+                    ],
+                },
+            ],
+        }
+    }
+
+    /// order-service's ApplyPaymentResult on one of [`PENDING_ORDERS`] pending orders,
+    /// picked at random: inbox, `SELECT … FOR UPDATE`, status, `order.confirmed`. Picking
+    /// an order twice updates it once more, which costs the same as the first time.
+    pub fn apply() -> Self {
+        let payload = saga::events::OrderOutcome {
+            order_id: sample_order_id(),
+            customer_id: "bench-ceiling".into(),
+            amount_cents: PRICE_CENTS * i64::from(QUANTITY),
+            reason: None,
+        };
+        Self {
+            name: "apply",
+            what: "ApplyPaymentResult: inbox + FOR UPDATE + status + outbox",
+            database: Database::Orders,
+            source: &APPLY_PAYMENT_RESULT,
+            function: "apply_payment_result",
+            ahead: None,
+            variables: vec![
+                r"\set r random(1, 9000000000000000000)".into(),
+                format!(r"\set i random(1, {PENDING_ORDERS})"),
+            ],
+            skips: Vec::new(),
+            bindings: vec![
+                claim(format!("{ORDER_ID}::text || '-payment'"), "payments"),
+                Binding {
+                    starts_with: "SELECT status, customer_id, amount_cents FROM orders",
+                    values: vec![PENDING_ORDER_ID.into()],
+                },
+                Binding {
+                    starts_with: "UPDATE orders SET status",
+                    values: vec![PENDING_ORDER_ID.into(), text("confirmed"), "NULL".into()],
+                },
+                without_notify(),
+                Binding {
+                    starts_with: "INSERT INTO outbox",
+                    values: vec![
+                        format!("{ORDER_ID}::text || '-outcome'"),
+                        text("orders"),
+                        format!("{PENDING_ORDER_ID}::text"),
+                        text(saga::events::ORDER_CONFIRMED),
+                        jsonb(&payload),
+                        format!("{ORDER_ID}::text || '-payment'"),
+                    ],
+                },
+            ],
+        }
+    }
+
+    /// notification-service's NotifyCustomer: inbox, notification, `notification.sent`.
+    pub fn notify() -> Self {
+        let outcome = saga::events::OrderOutcome {
+            order_id: sample_order_id(),
+            customer_id: "bench-ceiling".into(),
+            amount_cents: PRICE_CENTS * i64::from(QUANTITY),
+            reason: None,
+        };
+        let message = notification_service::notify_customer::message(&outcome, true);
+        let payload = saga::events::NotificationSent {
+            order_id: outcome.order_id,
+            customer_id: outcome.customer_id.clone(),
+            message: message.clone(),
+        };
+        Self {
+            name: "notify",
+            what: "NotifyCustomer: inbox + notification + outbox",
+            database: Database::Notifications,
+            source: &NOTIFY_CUSTOMER,
+            function: "notify_customer",
+            ahead: None,
+            variables: vec![r"\set r random(1, 9000000000000000000)".into()],
+            skips: Vec::new(),
+            bindings: vec![
+                claim(format!("{ORDER_ID}::text || '-outcome'"), "orders"),
+                Binding {
+                    starts_with: "INSERT INTO notifications",
+                    values: vec![
+                        ORDER_ID.into(),
+                        format!("{ORDER_ID}::text || '-outcome'"),
+                        text("bench-ceiling"),
+                        text("confirmed"),
+                        text(&message),
+                    ],
+                },
+                without_notify(),
+                outbox(
+                    format!("{ORDER_ID}::text || '-outcome-notification'"),
+                    "notifications",
+                    saga::events::NOTIFICATION_SENT,
+                    jsonb(&payload),
+                    format!("{ORDER_ID}::text || '-outcome'"),
+                ),
+            ],
+        }
+    }
+
+    /// The relay's bookkeeping for one full batch under a backlog: mark the
+    /// [`RELAY_BATCH`] rows the last look read, read the next ones. The ids the relay
+    /// has from its last look are, here, the oldest unpublished rows read again for the
+    /// statement's parameter (twice, as the statement uses it twice). Run against a
+    /// backlog the setup made.
+    pub fn relay() -> Self {
+        let last_look = format!(
+            "ARRAY(SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT {RELAY_BATCH})"
+        );
+        Self {
+            name: "relay",
+            what: "outbox relay: mark a batch of 100 rows published, read the next 100",
+            database: Database::Orders,
+            source: &OUTBOX,
+            // `RelayStatements::prepare`: the relay prepares its statements once per
+            // session, and runs the look from `session`.
+            function: "prepare",
+            ahead: None,
+            variables: Vec::new(),
+            // Only before a session ends, not per look.
+            skips: vec!["UPDATE outbox SET published_at"],
+            bindings: vec![Binding {
+                starts_with: "WITH marked AS ( UPDATE outbox SET published_at",
+                values: vec![last_look, RELAY_BATCH.to_string()],
+            }],
+        }
+    }
+
+    pub fn all() -> Vec<Self> {
+        vec![
+            Self::create(),
+            Self::create_keyed(),
+            Self::charge(),
+            Self::charge_without_call(),
+            Self::provider(),
+            Self::apply(),
+            Self::notify(),
+            Self::relay(),
+        ]
+    }
+
+    /// The statements of the handler, from its source.
+    pub fn extracted(&self) -> anyhow::Result<Extracted> {
+        extract(self.source, self.function)
+    }
+}
