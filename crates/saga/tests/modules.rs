@@ -37,7 +37,8 @@ fn a_cycle_is_found_and_named() {
     assert_eq!(find_cycle(&graph).unwrap(), ["a", "b", "c", "a"]);
 }
 
-/// Each module of `src` (a file, `lib.rs` aside) to the modules it names.
+/// Each module of `src` (a file, `lib.rs` aside, with its submodules' files) to the
+/// modules it names.
 fn module_graph(src: &Path) -> Graph {
     let modules: BTreeSet<String> = fs::read_dir(src)
         .unwrap()
@@ -51,7 +52,11 @@ fn module_graph(src: &Path) -> Graph {
     modules
         .iter()
         .map(|module| {
-            let code = code_of(&fs::read_to_string(src.join(format!("{module}.rs"))).unwrap());
+            let code = sources_of(src, module)
+                .iter()
+                .map(|source| code_of(source))
+                .collect::<Vec<_>>()
+                .join("\n");
             let deps = crate_paths(&code)
                 .into_iter()
                 .filter_map(|name| {
@@ -66,6 +71,21 @@ fn module_graph(src: &Path) -> Graph {
             (module.clone(), deps)
         })
         .collect()
+}
+
+/// The source of `module`: its file, and the files of its submodules in `src/<module>/`,
+/// whose dependencies are the module's own.
+fn sources_of(src: &Path, module: &str) -> Vec<String> {
+    let mut sources = vec![fs::read_to_string(src.join(format!("{module}.rs"))).unwrap()];
+    if let Ok(entries) = fs::read_dir(src.join(module)) {
+        let mut paths: Vec<_> = entries
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
+            .collect();
+        paths.sort();
+        sources.extend(paths.iter().map(|path| fs::read_to_string(path).unwrap()));
+    }
+    sources
 }
 
 /// The source without comments and without its unit tests: a doc link is not a

@@ -1,0 +1,362 @@
+//! Dispatch: one worker per partition applies its records in offset order, a transaction
+//! per record or per batch, and prepares the records behind the one in hand meanwhile.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ::metrics::{counter, histogram};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::FutureProducer;
+use time::OffsetDateTime;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use super::dead_letters::Failure;
+use super::fetch::SagaConsumer;
+use super::{ConsumerSettings, LOOK_AHEAD};
+use crate::backoff;
+use crate::envelope::Envelope;
+use crate::failpoint;
+use crate::handler::{Applier, Handler, HandlerError, Step};
+use crate::metrics;
+use crate::retry::Retry;
+
+/// The span every line about one record is logged in; the fault suite finds each
+/// offset's fate by it.
+fn record_span(message: &OwnedMessage) -> tracing::Span {
+    tracing::info_span!(
+        "record",
+        topic = message.topic(),
+        partition = message.partition(),
+        offset = message.offset(),
+        event_id = tracing::field::Empty,
+    )
+}
+
+/// Applies the records of one partition, in order.
+pub(super) struct PartitionWorker<H> {
+    pub(super) consumer: Arc<SagaConsumer>,
+    pub(super) applier: Arc<Applier<H>>,
+    pub(super) dead_letters: FutureProducer,
+    pub(super) settings: ConsumerSettings,
+    pub(super) shutdown: CancellationToken,
+    /// The workers and what they prepare ahead: the consumer stops once all are done, so
+    /// that no call to another system is cut off half way by the process ending.
+    pub(super) tasks: TaskTracker,
+}
+
+/// A record of a partition, prepared ([`Applier::prepare`]) in a task of its own while a
+/// record before it is applied. `None` when nothing was prepared: the record was not
+/// looked at ahead, or is no event at all (dead-lettered when its turn comes).
+type Ahead<P> = Option<Prepare<P>>;
+
+/// The task preparing a record ahead: the record as an event, and what its prepare gave.
+type Prepare<P> = tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>;
+
+/// A record taken from its partition's queue, and its prepare if begun.
+type Taken<P> = (OwnedMessage, Ahead<P>);
+
+/// What a prepare begun ahead came to; `None` if the runtime is going down. A panic in
+/// it goes on as if it had happened here, in the worker.
+async fn joined<P>(task: Prepare<P>) -> Option<(Envelope, Result<Step<P>, HandlerError>)> {
+    match task.await {
+        Ok(prepared) => Some(prepared),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => None,
+    }
+}
+
+/// Whether a record is finished with (its offset may be stored) or was abandoned
+/// because the service is stopping (it will be redelivered).
+pub(super) enum Done {
+    Finished,
+    Abandoned,
+}
+
+/// What became of a batch's one transaction.
+enum Batch {
+    Committed,
+    /// Nothing of it was committed: its records are applied one at a time.
+    RolledBack,
+    Abandoned,
+}
+
+impl<H: Handler> PartitionWorker<H> {
+    /// The partition's records in offset order, a transaction per record or per batch,
+    /// and the records behind the transaction in hand prepared while it runs, each as
+    /// soon as it is in the queue: the [`LOOK_AHEAD`] records behind it, or in batches the
+    /// next batch. A handler whose prepare calls another system (ChargeOrder's charge)
+    /// would otherwise hold its partition for the calls and the transaction one after the
+    /// other; now the next calls wait beside this transaction. Only a shortcut's reads see
+    /// less: a record's prepare reads what was committed before the transactions ahead of
+    /// it, and its own transaction checks both guards again, with locks. A prepared record
+    /// abandoned on stopping is redelivered and prepared again, which a prepare must bear
+    /// anyway.
+    pub(super) async fn run(self: Arc<Self>, mut queue: mpsc::Receiver<OwnedMessage>) {
+        let batch_size = self.settings.batch_size.max(1);
+        let look_ahead = if batch_size > 1 {
+            batch_size
+        } else {
+            LOOK_AHEAD
+        };
+        let mut ahead: VecDeque<Taken<H::Prepared>> = VecDeque::with_capacity(look_ahead);
+        let mut batch: Vec<Taken<H::Prepared>> = Vec::with_capacity(batch_size);
+        loop {
+            // What was prepared ahead first, then what waits in the queue (never waiting
+            // for more than one record).
+            batch.extend(ahead.drain(..ahead.len().min(batch_size)));
+            if batch.is_empty() {
+                match queue.recv().await {
+                    // A record on its own is prepared in its turn, not ahead of it.
+                    Some(message) if batch_size == 1 => batch.push((message, None)),
+                    Some(message) => {
+                        let prepared = self.prepare_ahead(&message);
+                        batch.push((message, prepared));
+                    }
+                    None => return,
+                }
+            }
+            while batch.len() < batch_size {
+                match queue.try_recv() {
+                    Ok(message) => {
+                        let prepared = self.prepare_ahead(&message);
+                        batch.push((message, prepared));
+                    }
+                    Err(_) => break,
+                }
+            }
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            self.record_transaction_size(batch.len());
+            let done = {
+                let applying = self.apply_taken(&mut batch);
+                tokio::pin!(applying);
+                loop {
+                    let room = ahead.len() < look_ahead && !self.shutdown.is_cancelled();
+                    tokio::select! {
+                        biased;
+                        done = &mut applying => break done,
+                        Some(following) = queue.recv(), if room => {
+                            let prepared = self.prepare_ahead(&following);
+                            ahead.push_back((following, prepared));
+                        }
+                    }
+                }
+            };
+            match done {
+                Done::Finished => batch.clear(),
+                Done::Abandoned => return,
+            }
+        }
+    }
+
+    fn prepare_ahead(&self, message: &OwnedMessage) -> Ahead<H::Prepared> {
+        let envelope = Envelope::from_message(message).ok()?;
+        let span = record_span(message);
+        span.record("event_id", envelope.id.as_str());
+        let applier = self.applier.clone();
+        Some(
+            self.tasks.spawn(
+                async move {
+                    let step = applier.prepare(&envelope).await;
+                    (envelope, step)
+                }
+                .instrument(span),
+            ),
+        )
+    }
+
+    /// Applies `batch`: in one transaction if it holds more than one record, and if that
+    /// does not commit (nothing of it did), one record at a time. Its offsets are stored.
+    async fn apply_taken(&self, batch: &mut [Taken<H::Prepared>]) -> Done {
+        if batch.len() > 1 {
+            match self.process_batch(batch).await {
+                Batch::Committed => {
+                    failpoint::crash_point_for(failpoint::CONSUMER_AFTER_HANDLER, batch.len());
+                    self.store_offset(&batch.last().expect("a batch is never empty").0);
+                    return Done::Finished;
+                }
+                Batch::RolledBack => {}
+                Batch::Abandoned => return Done::Abandoned,
+            }
+        }
+        for (message, prepared) in batch.iter_mut() {
+            if self.shutdown.is_cancelled() {
+                return Done::Abandoned;
+            }
+            match self
+                .process(message, prepared.take())
+                .instrument(record_span(message))
+                .await
+            {
+                Done::Finished => self.finished(message),
+                Done::Abandoned => return Done::Abandoned,
+            }
+        }
+        Done::Finished
+    }
+
+    /// Applies `batch` in one transaction, with what its records' prepares learnt. If it
+    /// rolls back, those whose prepares this took are prepared again when applied alone.
+    async fn process_batch(&self, batch: &mut [Taken<H::Prepared>]) -> Batch {
+        // A record that is no event at all: the batch goes one record at a time, each
+        // with the prepare it has, and that one is dead-lettered.
+        if batch.iter().any(|(_, prepared)| prepared.is_none()) {
+            return Batch::RolledBack;
+        }
+        let started = Instant::now();
+        let mut events = Vec::with_capacity(batch.len());
+        let mut steps = Vec::with_capacity(batch.len());
+        let mut failed = None;
+        // Every prepare is awaited, a failed one or not, so that none is left running
+        // while the batch's records are prepared again.
+        for (_, prepared) in batch.iter_mut() {
+            let task = prepared.take().expect("checked above");
+            match joined(task).await {
+                Some((envelope, Ok(step))) => {
+                    events.push(envelope);
+                    steps.push(step);
+                }
+                Some((_, Err(error))) => failed = failed.or(Some(error)),
+                None => return Batch::Abandoned,
+            }
+        }
+        let applied = match failed {
+            Some(error) => Err(error),
+            None => self.applier.apply_prepared_batch(&events, steps).await,
+        };
+        self.time_handler(started);
+        match applied {
+            Ok(outcomes) => {
+                for ((message, _), (event, outcome)) in
+                    batch.iter().zip(events.iter().zip(outcomes))
+                {
+                    self.count(&event.event_type, outcome.as_str());
+                    let span = record_span(message);
+                    span.record("event_id", event.id.as_str());
+                    span.in_scope(|| {
+                        tracing::info!(
+                            event_type = %event.event_type,
+                            outcome = outcome.as_str(),
+                            batch = batch.len(),
+                            "event handled"
+                        )
+                    });
+                }
+                Batch::Committed
+            }
+            Err(error) => {
+                let first = &batch[0].0;
+                tracing::info!(
+                    topic = first.topic(),
+                    partition = first.partition(),
+                    first_offset = first.offset(),
+                    records = batch.len(),
+                    %error,
+                    "batch rolled back; applying its records one at a time"
+                );
+                Batch::RolledBack
+            }
+        }
+    }
+    /// Applies one record, retrying as its failure asks; `ahead` is its first attempt's
+    /// prepare, if started already.
+    async fn process(&self, message: &OwnedMessage, ahead: Ahead<H::Prepared>) -> Done {
+        let (envelope, mut prepared) = match ahead {
+            Some(task) => match joined(task).await {
+                Some((envelope, step)) => (envelope, Some(step)),
+                None => return Done::Abandoned,
+            },
+            None => match Envelope::from_message(message) {
+                Ok(envelope) => (envelope, None),
+                Err(error) => {
+                    let failure = Failure::malformed(error.to_string());
+                    return self.dead_letter(message, None, failure).await;
+                }
+            },
+        };
+        tracing::Span::current().record("event_id", envelope.id.as_str());
+        let first_failure = OffsetDateTime::now_utc();
+        let mut delays = backoff::backoff();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let started = Instant::now();
+            let applied = match prepared.take() {
+                Some(Ok(step)) => self.applier.apply_prepared(&envelope, step).await,
+                Some(Err(error)) => Err(error),
+                None => self.applier.apply(&envelope).await,
+            };
+            self.time_handler(started);
+            let error = match applied {
+                Ok(outcome) => {
+                    self.count(&envelope.event_type, outcome.as_str());
+                    tracing::info!(
+                        event_type = %envelope.event_type,
+                        outcome = outcome.as_str(),
+                        "event handled"
+                    );
+                    return Done::Finished;
+                }
+                Err(error) => error,
+            };
+            let retry = error.retry();
+            let give_up = match retry {
+                Retry::Never => true,
+                Retry::AFewTimes => attempt >= self.settings.max_attempts,
+                Retry::UntilItWorks => false,
+            };
+            if give_up {
+                let failure = Failure::given_up(error.to_string(), retry, attempt, first_failure);
+                return self
+                    .dead_letter(message, Some(&envelope.event_type), failure)
+                    .await;
+            }
+            counter!(
+                metrics::RETRIES,
+                "topic" => self.settings.topic.clone(),
+                "class" => retry.as_str(),
+                "error" => error.kind(),
+            )
+            .increment(1);
+            let delay = backoff::next_delay(&mut delays);
+            tracing::warn!(attempt, %error, retry_in = ?delay, "handler failed; retrying");
+            if !self.pause(delay).await {
+                return Done::Abandoned;
+            }
+        }
+    }
+
+    /// Counts what became of one record.
+    pub(super) fn count(&self, event_type: &str, outcome: &'static str) {
+        counter!(
+            metrics::EVENTS,
+            "topic" => self.settings.topic.clone(),
+            "type" => metrics::event_type_label(event_type),
+            "outcome" => outcome,
+        )
+        .increment(1);
+    }
+
+    fn record_transaction_size(&self, records: usize) {
+        histogram!(metrics::BATCH_SIZE, "topic" => self.settings.topic.clone())
+            .record(records as f64);
+    }
+
+    fn time_handler(&self, started: Instant) {
+        histogram!(metrics::HANDLER_DURATION, "topic" => self.settings.topic.clone())
+            .record(started.elapsed().as_secs_f64());
+    }
+
+    /// Sleeps for `delay`; false if the service began stopping meanwhile.
+    pub(super) async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = tokio::time::sleep(delay) => true,
+        }
+    }
+}

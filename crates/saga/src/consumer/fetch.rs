@@ -1,0 +1,284 @@
+//! Fetching from the broker: the client and its settings, what librdkafka reports, and
+//! the queue of each partition's worker, its partition paused while the queue is full and
+//! resumed once it has room.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ::metrics::gauge;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use rdkafka::client::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::statistics::Statistics;
+use rdkafka::topic_partition_list::TopicPartitionList;
+use tokio::sync::mpsc;
+
+use super::{ConsumerSettings, PARTITION_QUEUE};
+use crate::metrics;
+
+/// Room a paused partition's queue must have before it is resumed. Not the first free
+/// slot, which would pause and resume it once per record while a backlog drains; and
+/// with half the queue still to apply, its worker stays busy while librdkafka fetches
+/// again after the resume (within [`FETCH_WAIT_MS`]: see [`Lanes::wake_fetcher`]).
+const RESUME_ROOM: usize = PARTITION_QUEUE / 2;
+
+/// The most the broker sends for one partition in one fetch (librdkafka's
+/// `max.partition.fetch.bytes`, default 1 MiB). Pausing a partition throws away what was
+/// fetched ahead for it, to be fetched again on resuming: small answers keep that waste
+/// to about a queue's worth. (Not `queued.min.messages`: a partition past that many is
+/// not fetched again for `fetch.queue.backoff.ms`, a second by default, and a paused one
+/// waited that long after every resume.)
+const PARTITION_FETCH_BYTES: &str = "65536";
+/// How long the broker may hold a fetch that finds nothing new (librdkafka's
+/// `fetch.wait.max.ms`, default 500 ms). A consumer has one fetch in flight per broker,
+/// so a partition resumed while a fetch for the others waits at the end of their logs is
+/// fetched when that fetch returns. Partitions pause while a backlog drains, and when
+/// nothing new arrives meanwhile the others' fetch returns only at this timeout: with
+/// the default, a drain's partitions stood idle for up to half a second after a resume.
+/// A tenth of a second is less than the half queue a resumed partition still has to
+/// apply; the price is an idle consumer asking ten times a second instead of twice.
+const FETCH_WAIT_MS: &str = "100";
+/// How long the request that wakes a resumed partition's fetcher may take; only a
+/// blocking-pool thread waits for it.
+const WAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Logs rebalances and failed commits, which librdkafka otherwise reports to no one, and
+/// turns its statistics into the consumer-lag gauges.
+pub(super) struct SagaConsumerContext;
+
+impl ClientContext for SagaConsumerContext {
+    fn stats(&self, statistics: Statistics) {
+        for (topic, stats) in &statistics.topics {
+            // Partition -1 is librdkafka's own queue for records not yet assigned one.
+            for partition in stats.partitions.values().filter(|p| p.partition >= 0) {
+                // -1 until the partition is held and its high watermark known; a
+                // partition held elsewhere reads 0 here, so lag sums across instances.
+                let lag = if partition.fetch_state == "none" {
+                    0
+                } else {
+                    partition.consumer_lag.max(0)
+                };
+                gauge!(metrics::CONSUMER_LAG, "topic" => topic.clone(), "partition" => partition.partition.to_string())
+                    .set(lag as f64);
+            }
+        }
+    }
+}
+
+impl ConsumerContext for SagaConsumerContext {
+    fn pre_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                tracing::info!(partitions = %partitions(tpl), "partitions assigned")
+            }
+            Rebalance::Revoke(tpl) => {
+                tracing::info!(partitions = %partitions(tpl), "partitions revoked")
+            }
+            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {}
+            // Nothing new was stored since the last commit.
+            Err(rdkafka::error::KafkaError::ConsumerCommit(
+                rdkafka::types::RDKafkaErrorCode::NoOffset,
+            )) => {}
+            Err(error) => {
+                tracing::warn!(%error, "offset commit failed; records since the last commit will be redelivered")
+            }
+        }
+    }
+}
+
+/// Consumer errors are logged at most this often; the rest are counted.
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Keeps an outage from flooding the log with one line per failed reconnect.
+#[derive(Default)]
+pub(super) struct ErrorLog {
+    last_logged: Option<Instant>,
+    not_logged: u64,
+}
+
+impl ErrorLog {
+    pub(super) fn report(&mut self, error: &rdkafka::error::KafkaError) {
+        if self
+            .last_logged
+            .is_some_and(|at| at.elapsed() < ERROR_LOG_INTERVAL)
+        {
+            self.not_logged += 1;
+            return;
+        }
+        tracing::warn!(%error, similar_not_logged = self.not_logged, "kafka consumer error; librdkafka reconnects by itself");
+        self.last_logged = Some(Instant::now());
+        self.not_logged = 0;
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> String {
+    tpl.elements()
+        .iter()
+        .map(|e| format!("{}[{}]", e.topic(), e.partition()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub(super) type SagaConsumer = StreamConsumer<SagaConsumerContext>;
+
+/// The client for `settings`, not yet subscribed.
+pub(super) fn connect(settings: &ConsumerSettings) -> KafkaResult<Arc<SagaConsumer>> {
+    Ok(Arc::new(
+        ClientConfig::new()
+            .set("bootstrap.servers", &settings.brokers)
+            .set("group.id", &settings.group_id)
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
+            // The loop stores an offset only once its record is fully handled.
+            .set("enable.auto.offset.store", "false")
+            // A new group starts at the beginning: no event written before it existed is lost.
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            .set("max.partition.fetch.bytes", PARTITION_FETCH_BYTES)
+            .set("fetch.wait.max.ms", FETCH_WAIT_MS)
+            // For the consumer-lag gauges; a few microseconds' work each time.
+            .set("statistics.interval.ms", "5000")
+            .create_with_context(SagaConsumerContext)?,
+    ))
+}
+
+/// The queue of each partition's worker, and the records held back for a partition
+/// whose queue is full.
+///
+/// The loop must never wait for one partition's queue: records arrive in the broker's
+/// answers, a partition's at a time, and while the loop waited for room in one queue no
+/// other partition got anything (a consumer draining a backlog applied its partitions one
+/// after another). So a record that finds its queue full is held back and its partition
+/// paused: librdkafka stops fetching it, drops what it had fetched ahead for it, and on
+/// resuming fetches again from the record after the last it delivered, which is the one
+/// held back here. The partition is resumed once its queue has room again.
+pub(super) struct Lanes {
+    consumer: Arc<SagaConsumer>,
+    topic: String,
+    lanes: HashMap<i32, Lane>,
+    /// One future per paused partition: its queue has room (false: its worker is gone).
+    pub(super) room: FuturesUnordered<BoxFuture<'static, (i32, bool)>>,
+}
+
+struct Lane {
+    queue: mpsc::Sender<OwnedMessage>,
+    /// Received for this partition but not yet in its queue, in offset order; not empty
+    /// exactly while the partition is paused.
+    held: VecDeque<OwnedMessage>,
+}
+
+impl Lanes {
+    pub(super) fn new(consumer: Arc<SagaConsumer>, topic: &str) -> Self {
+        Self {
+            consumer,
+            topic: topic.to_owned(),
+            lanes: HashMap::new(),
+            room: FuturesUnordered::new(),
+        }
+    }
+
+    /// Puts `message` in its partition's queue (made with `spawn` on its partition's first
+    /// record), or holds it back; false if the partition's worker is gone.
+    pub(super) fn hand(
+        &mut self,
+        message: OwnedMessage,
+        spawn: impl FnOnce() -> mpsc::Sender<OwnedMessage>,
+    ) -> bool {
+        let partition = message.partition();
+        let lane = self.lanes.entry(partition).or_insert_with(|| Lane {
+            queue: spawn(),
+            held: VecDeque::new(),
+        });
+        if !lane.held.is_empty() {
+            // Fetched before the pause took effect: it queues up behind the others.
+            lane.held.push_back(message);
+            return true;
+        }
+        match lane.queue.try_send(message) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(message)) => {
+                lane.held.push_back(message);
+                let queue = lane.queue.clone();
+                self.room.push(Box::pin(async move {
+                    (partition, queue.reserve_many(RESUME_ROOM).await.is_ok())
+                }));
+                self.set_paused(partition, true);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Moves the records held back for `partition` into its queue, which has room now, and
+    /// resumes it; false if its worker is gone.
+    pub(super) fn refill(&mut self, partition: i32) -> bool {
+        let Some(lane) = self.lanes.get_mut(&partition) else {
+            return true;
+        };
+        while let Some(message) = lane.held.pop_front() {
+            match lane.queue.try_send(message) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(message)) => {
+                    lane.held.push_front(message);
+                    let queue = lane.queue.clone();
+                    self.room.push(Box::pin(async move {
+                        (partition, queue.reserve_many(RESUME_ROOM).await.is_ok())
+                    }));
+                    return true;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            }
+        }
+        self.set_paused(partition, false);
+        self.wake_fetcher(partition);
+        true
+    }
+
+    /// Makes librdkafka fetch `partition` now that it is resumed, not up to a second later;
+    /// with a fetch for the other partitions in flight, as soon as that one returns (within
+    /// [`FETCH_WAIT_MS`]).
+    ///
+    /// A resume only clears the partition's pause flag (librdkafka 2.12,
+    /// `rd_kafka_toppar_pause_resume`); its broker's thread decides what to fetch when it
+    /// next wakes up, and with every partition paused it has no fetch in flight to wake it:
+    /// it sleeps out its one-second timeout. Draining a backlog, a consumer's partitions
+    /// filled their queues together and then stood idle for up to a second, once or twice
+    /// a backlog. Any request to the partition's leader wakes that thread; asking for the
+    /// partition's watermarks is one small request, once per resume.
+    fn wake_fetcher(&self, partition: i32) {
+        let consumer = self.consumer.clone();
+        let topic = self.topic.clone();
+        // A blocking call, off the runtime's workers; its answer is not needed.
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = consumer.fetch_watermarks(&topic, partition, WAKE_TIMEOUT) {
+                tracing::debug!(partition, %error, "watermarks after a resume not answered");
+            }
+        });
+    }
+
+    fn set_paused(&self, partition: i32, paused: bool) {
+        let mut partitions = TopicPartitionList::new();
+        partitions.add_partition(&self.topic, partition);
+        let done = if paused {
+            self.consumer.pause(&partitions)
+        } else {
+            self.consumer.resume(&partitions)
+        };
+        match done {
+            Ok(()) => tracing::debug!(partition, paused, "partition queue full or drained"),
+            // Revoked meanwhile: its new owner fetches it from the committed offset.
+            Err(error) => tracing::debug!(partition, paused, %error, "pause or resume refused"),
+        }
+    }
+}
