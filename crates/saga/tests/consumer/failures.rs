@@ -1,0 +1,261 @@
+//! Offsets, failures and membership: what is committed when, what is retried, what is
+//! dead-lettered, and what a stop or a rebalance does to the records in flight.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use rdkafka::message::Message;
+use saga::consumer;
+use saga::{Applier, HandlerError, Outcome};
+use saga_testkit::{TestDatabase, TestKafka, eventually, header};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::recorder::Recorder;
+use crate::run::{
+    Run, SERVICE, WAIT, dead_letters, event, produce_next, settings, start, transient,
+};
+
+#[tokio::test]
+async fn an_offset_is_committed_only_after_its_handler_finished() {
+    let release = Arc::new(Semaphore::new(0));
+    let gate = release.clone();
+    let handler = Recorder::new(move |event, _| {
+        let gate = gate.clone();
+        Box::pin(async move {
+            if event.id == "slow" {
+                let _permit = gate.acquire().await.unwrap();
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(0, "slow").await;
+    run.produce(1, "fast").await;
+
+    // Partition 1's commit proves commits are flowing; partition 0's record is still in
+    // its handler, so its offset must not have been committed with it.
+    eventually(WAIT, "partition 1 to be committed", || async {
+        (run.committed(1).await == 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        run.committed(0).await,
+        0,
+        "offset committed before the handler finished"
+    );
+    assert_eq!(handler.applied(), ["fast"]);
+
+    release.add_permits(1);
+    eventually(WAIT, "partition 0 to be committed", || async {
+        (run.committed(0).await == 1).then_some(())
+    })
+    .await;
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_transient_failure_is_retried_until_it_works_and_nothing_behind_it_is_skipped() {
+    let handler = Recorder::new(|event, attempt| {
+        Box::pin(async move {
+            if event.id == "flaky" && attempt <= 3 {
+                return Err(transient());
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(0, "flaky").await;
+    run.produce(0, "after").await;
+
+    run.caught_up().await;
+
+    assert_eq!(handler.applied(), ["flaky", "after"]);
+    assert_eq!(handler.attempts("flaky"), 4);
+    let dlq = run
+        .kafka
+        .topics
+        .dead_letter(&run.kafka.topics.orders, SERVICE);
+    assert!(
+        run.kafka.read_all(&dlq).await.is_empty(),
+        "a transient failure was dead-lettered"
+    );
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_rejected_event_is_dead_lettered_at_once_and_the_partition_moves_on() {
+    let handler = Recorder::new(|event, _| {
+        Box::pin(async move {
+            if event.id == "poison" {
+                return Err(HandlerError::rejected("order 42 does not exist"));
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(2, "poison").await;
+    run.produce(2, "after").await;
+
+    run.caught_up().await;
+
+    assert_eq!(handler.applied(), ["after"]);
+    assert_eq!(handler.attempts("poison"), 1);
+    let topics = &run.kafka.topics;
+    let dead = run
+        .kafka
+        .read_all(&topics.dead_letter(&topics.orders, SERVICE))
+        .await;
+    assert_eq!(dead.len(), 1);
+    let record = &dead[0];
+    assert_eq!(
+        record.payload().unwrap(),
+        event("poison").as_slice(),
+        "the original bytes"
+    );
+    assert_eq!(
+        header(record, "dlq.reason").as_deref(),
+        Some("order 42 does not exist")
+    );
+    assert_eq!(
+        header(record, "dlq.original.topic").as_deref(),
+        Some(topics.orders.as_str())
+    );
+    assert_eq!(
+        header(record, "dlq.original.partition").as_deref(),
+        Some("2")
+    );
+    assert_eq!(header(record, "dlq.original.offset").as_deref(), Some("0"));
+    assert_eq!(header(record, "dlq.attempts").as_deref(), Some("1"));
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn an_unexpected_database_error_is_retried_a_few_times_then_dead_lettered() {
+    let db = TestDatabase::empty().await;
+    let pool = db.pool.clone();
+    let handler = Recorder::new(move |event, _| {
+        let pool = pool.clone();
+        Box::pin(async move {
+            if event.id == "divides-by-zero" {
+                // A real error the code did not foresee: SQLSTATE 22012.
+                pool.get().await?.query("SELECT 1 / 0", &[]).await?;
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(1, "divides-by-zero").await;
+    run.produce(1, "after").await;
+
+    run.caught_up().await;
+
+    assert_eq!(handler.attempts("divides-by-zero"), 5);
+    assert_eq!(handler.applied(), ["after"]);
+    let topics = &run.kafka.topics;
+    let dead = run
+        .kafka
+        .read_all(&topics.dead_letter(&topics.orders, SERVICE))
+        .await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(header(&dead[0], "dlq.attempts").as_deref(), Some("5"));
+    assert!(
+        header(&dead[0], "dlq.reason")
+            .unwrap()
+            .contains("division by zero")
+    );
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn stopping_finishes_the_record_in_hand_commits_it_and_starts_no_other() {
+    let (handler, entered, release) = Recorder::holding("in-hand");
+    let run = start(TestKafka::new().await, handler.clone()).await;
+    run.produce(0, "in-hand").await;
+    run.produce(0, "behind").await;
+    let _in_handler = entered.acquire().await.unwrap();
+
+    run.shutdown.cancel();
+    release.add_permits(1);
+    let Run { kafka, task, .. } = run;
+    task.await.unwrap().unwrap();
+
+    assert_eq!(handler.applied(), ["in-hand"]);
+    let group = kafka.topics.group(SERVICE);
+    assert_eq!(
+        kafka
+            .committed_offset(&group, &kafka.topics.orders, 0)
+            .await,
+        1
+    );
+}
+
+/// Consumers join and leave while records flow: every record is applied at least once
+/// and the group ends with everything committed.
+#[tokio::test]
+async fn a_rebalance_loses_nothing() {
+    let first = Recorder::obedient();
+    let second = Recorder::obedient();
+    let run_a = start(TestKafka::new().await, first.clone()).await;
+    let produced = Mutex::new(Vec::<String>::new());
+    for _ in 0..50 {
+        produce_next(&run_a.kafka, &produced).await;
+    }
+
+    // A second member joins: the group rebalances while records keep coming.
+    let shutdown_b = CancellationToken::new();
+    let task_b = tokio::spawn(consumer::run(
+        settings(&run_a.kafka),
+        Arc::new(Applier::new(run_a.db.pool.clone(), second.clone())),
+        dead_letters(&run_a.kafka),
+        shutdown_b.clone(),
+    ));
+    eventually(
+        WAIT,
+        "the second consumer to be given partitions",
+        || async {
+            produce_next(&run_a.kafka, &produced).await;
+            (!second.applied().is_empty()).then_some(())
+        },
+    )
+    .await;
+    for _ in 0..50 {
+        produce_next(&run_a.kafka, &produced).await;
+    }
+
+    // The first leaves mid-stream: its partitions move to the second, records keep coming.
+    let Run {
+        kafka,
+        shutdown,
+        task,
+        ..
+    } = run_a;
+    shutdown.cancel();
+    for _ in 0..50 {
+        produce_next(&kafka, &produced).await;
+    }
+    task.await.unwrap().unwrap();
+    let group = kafka.topics.group(SERVICE);
+    eventually(WAIT, "the group to commit everything", || async {
+        kafka
+            .group_caught_up(&group, &kafka.topics.orders)
+            .await
+            .then_some(())
+    })
+    .await;
+    shutdown_b.cancel();
+    task_b.await.unwrap().unwrap();
+
+    let applied: HashSet<String> = first
+        .applied()
+        .into_iter()
+        .chain(second.applied())
+        .collect();
+    let produced = produced.into_inner().unwrap();
+    let missing: Vec<&String> = produced
+        .iter()
+        .filter(|id| !applied.contains(*id))
+        .collect();
+    assert!(missing.is_empty(), "never applied: {missing:?}");
+    assert!(!first.applied().is_empty() && !second.applied().is_empty());
+}
