@@ -92,36 +92,7 @@ fn redrive_blocking(
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .create()?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), TIMEOUT)
-        .with_context(|| format!("cannot read the metadata of {topic}"))?;
-    let partitions = match metadata.topics().first() {
-        Some(t) if t.error().is_none() => t.partitions().len() as i32,
-        _ => anyhow::bail!("no topic {topic}"),
-    };
-
-    // Where this group got to, and where each partition ends now.
-    let mut wanted = TopicPartitionList::new();
-    for partition in 0..partitions {
-        wanted.add_partition(topic, partition);
-    }
-    let committed = consumer.committed_offsets(wanted, TIMEOUT)?;
-    let mut assignment = TopicPartitionList::new();
-    let mut ends = BTreeMap::new();
-    for partition in 0..partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, partition, TIMEOUT)?;
-        let from = match committed
-            .find_partition(topic, partition)
-            .map(|e| e.offset())
-        {
-            Some(Offset::Offset(offset)) => offset.max(low),
-            _ => low,
-        };
-        if from < high {
-            assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
-            ends.insert(partition, high);
-        }
-    }
+    let (assignment, ends) = unread(&consumer, topic)?;
     let mut redriven = Redriven::default();
     if ends.is_empty() {
         return Ok(redriven);
@@ -183,6 +154,43 @@ fn redrive_blocking(
         batch.clear();
     }
     Ok(redriven)
+}
+
+/// Where `consumer`'s group got to in each partition of `topic` that it has not read to
+/// the end (the assignment to read from), and where each of those partitions ends now.
+fn unread(
+    consumer: &BaseConsumer,
+    topic: &str,
+) -> anyhow::Result<(TopicPartitionList, BTreeMap<i32, i64>)> {
+    let metadata = consumer
+        .fetch_metadata(Some(topic), TIMEOUT)
+        .with_context(|| format!("cannot read the metadata of {topic}"))?;
+    let partitions = match metadata.topics().first() {
+        Some(t) if t.error().is_none() => t.partitions().len() as i32,
+        _ => anyhow::bail!("no topic {topic}"),
+    };
+    let mut wanted = TopicPartitionList::new();
+    for partition in 0..partitions {
+        wanted.add_partition(topic, partition);
+    }
+    let committed = consumer.committed_offsets(wanted, TIMEOUT)?;
+    let mut assignment = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for partition in 0..partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, TIMEOUT)?;
+        let from = match committed
+            .find_partition(topic, partition)
+            .map(|e| e.offset())
+        {
+            Some(Offset::Offset(offset)) => offset.max(low),
+            _ => low,
+        };
+        if from < high {
+            assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
+            ends.insert(partition, high);
+        }
+    }
+    Ok((assignment, ends))
 }
 
 /// Produces `batch` to the original topics and waits until the broker acknowledged all.
