@@ -22,21 +22,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[tokio::test]
-async fn a_payment_replayed_by_hand_appears_stopped_by_guard_1_on_the_open_page_without_a_reload() {
-    let stack = Stack::start().await;
-    let order_id = stack.place_order(2).await;
-    stack.notified(order_id).await;
-
-    let web = sagactl::web::Web::connect(common::sources(&stack))
-        .await
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let site = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, sagactl::web::router(web)).await });
-
+/// A headless chromium driven through chromedriver, which is stopped when dropped.
+async fn open_browser() -> (tokio::process::Child, fantoccini::Client) {
     let driver_port = free_port();
-    let mut driver = Command::new("chromedriver")
+    let driver = Command::new("chromedriver")
         .arg(format!("--port={driver_port}"))
         .stdout(Stdio::null())
         .kill_on_drop(true)
@@ -59,6 +48,23 @@ async fn a_payment_replayed_by_hand_appears_stopped_by_guard_1_on_the_open_page_
         }
     })
     .await;
+    (driver, browser)
+}
+
+#[tokio::test]
+async fn a_payment_replayed_by_hand_appears_stopped_by_guard_1_on_the_open_page_without_a_reload() {
+    let stack = Stack::start().await;
+    let order_id = stack.place_order(2).await;
+    stack.notified(order_id).await;
+
+    let web = sagactl::web::Web::connect(common::sources(&stack))
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let site = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, sagactl::web::router(web)).await });
+
+    let (mut driver, browser) = open_browser().await;
 
     browser
         .goto(&format!("{site}/orders/{order_id}"))

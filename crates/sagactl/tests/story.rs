@@ -29,23 +29,12 @@ fn steps<'a>(story: &'a Story, actor: &str, kind: Kind) -> Vec<&'a Step> {
         .collect()
 }
 
-/// Copies of a payment result on every partition (the one the original is on and the
-/// others, as a console producer without a key may put them), a late failure, a poison
-/// record keyed by the order and a copy of its `order.created`: the story names the one
-/// record that took effect and says of every other what stopped it. For three orders, so
-/// that originals sit on different partitions.
-#[tokio::test]
-async fn every_copy_of_an_event_is_told_with_what_stopped_it_and_the_one_that_took_effect_is_named()
-{
-    let stack = Stack::start().await;
+/// For each of `orders`: its payment result again on every partition, a late failure
+/// with an id of its own, a poison record keyed by the order, and its `order.created`
+/// again.
+async fn deliver_copies_late_and_poison(stack: &Stack, orders: &[Uuid]) {
     let topics = &stack.kafka.topics;
-    let mut orders = Vec::new();
-    for _ in 0..3 {
-        let order_id = stack.place_order(2).await;
-        stack.notified(order_id).await;
-        orders.push(order_id);
-    }
-    for order_id in &orders {
+    for order_id in orders {
         let payment = saga_testkit::envelope(
             &format!("{order_id}:payment"),
             "payment.succeeded",
@@ -72,6 +61,46 @@ async fn every_copy_of_an_event_is_told_with_what_stopped_it_and_the_one_that_to
             .await;
         stack.replay_order_created(*order_id).await;
     }
+}
+
+/// Where the original payment result of `order_id` is: the record the relay published,
+/// keyed by the order.
+async fn original_place(stack: &Stack, order_id: Uuid) -> String {
+    let topics = &stack.kafka.topics;
+    let original = stack
+        .kafka
+        .read_all(&topics.payments)
+        .await
+        .into_iter()
+        .find(|m| {
+            saga::kafka::header(m, "event_id").as_deref()
+                == Some(format!("{order_id}:payment").as_str())
+        })
+        .unwrap();
+    format!(
+        "{}[{}]@{}",
+        topics.payments,
+        rdkafka::Message::partition(&original),
+        rdkafka::Message::offset(&original)
+    )
+}
+
+/// Copies of a payment result on every partition (the one the original is on and the
+/// others, as a console producer without a key may put them), a late failure, a poison
+/// record keyed by the order and a copy of its `order.created`: the story names the one
+/// record that took effect and says of every other what stopped it. For three orders, so
+/// that originals sit on different partitions.
+#[tokio::test]
+async fn every_copy_of_an_event_is_told_with_what_stopped_it_and_the_one_that_took_effect_is_named()
+{
+    let stack = Stack::start().await;
+    let mut orders = Vec::new();
+    for _ in 0..3 {
+        let order_id = stack.place_order(2).await;
+        stack.notified(order_id).await;
+        orders.push(order_id);
+    }
+    deliver_copies_late_and_poison(&stack, &orders).await;
     for service in [ORDER_SERVICE, PAYMENT_SERVICE] {
         let (_, topic, _) = stack.subscription(service);
         stack.caught_up(service, &topic).await;
@@ -98,23 +127,7 @@ async fn every_copy_of_an_event_is_told_with_what_stopped_it_and_the_one_that_to
             .filter(|s| s.text.starts_with("applied payment.succeeded"))
             .collect();
         assert_eq!(applied.len(), 1, "{:#?}", story.steps);
-        // The original is the record the relay published, keyed by the order.
-        let original = stack
-            .kafka
-            .read_all(&topics.payments)
-            .await
-            .into_iter()
-            .find(|m| {
-                saga::kafka::header(m, "event_id").as_deref()
-                    == Some(format!("{order_id}:payment").as_str())
-            })
-            .unwrap();
-        let original_place = format!(
-            "{}[{}]@{}",
-            topics.payments,
-            rdkafka::Message::partition(&original),
-            rdkafka::Message::offset(&original)
-        );
+        let original_place = original_place(&stack, *order_id).await;
         let bounced = steps(&story, ORDER_SERVICE, Kind::Guard1);
         assert_eq!(bounced.len(), 3, "{:#?}", story.steps);
         for step in &bounced {
