@@ -8,6 +8,7 @@ use deadpool_postgres::Pool;
 use saga::events::{self, OrderCreated, OrderItem};
 use saga::idempotency::{Fingerprint, IdempotencyKey};
 use saga::outbox::{self, NewEvent};
+use saga::transaction::Param;
 use saga::{LocalRelay, Topics, Transaction};
 use serde::Serialize;
 use time::OffsetDateTime;
@@ -143,48 +144,7 @@ pub async fn place_order(
     // writes whose result nothing reads with the COMMIT (`Transaction::pipeline`).
     let tx = Transaction::begin(&client).waking(relay);
 
-    // `now()` is the transaction's start: the order's time, known before anything is
-    // written, so that the answer stored with the key is the one the commit makes true.
-    let product_ids: Vec<Uuid> = lines.iter().map(|l| l.product_id).collect();
-    let prices = tx
-        .query(
-            &tx.prepare_cached(
-                "SELECT id, price_cents, now() AS placed_at FROM products WHERE id = ANY($1)",
-            )
-            .await?,
-            &[&product_ids],
-        )
-        .await?;
-    let mut items = Vec::with_capacity(lines.len());
-    for (index, line) in lines.iter().enumerate() {
-        let price = prices
-            .iter()
-            .find(|row| row.get::<_, Uuid>("id") == line.product_id)
-            .ok_or(PlaceOrderError::UnknownProduct {
-                index,
-                product_id: line.product_id,
-            })?;
-        items.push(OrderItem {
-            product_id: line.product_id,
-            quantity: line.quantity,
-            unit_price_cents: price.get("price_cents"),
-        });
-    }
-    let amount_cents: i64 = items
-        .iter()
-        .map(|i| i.unit_price_cents * i64::from(i.quantity))
-        .sum();
-    let placed_at: OffsetDateTime = prices[0].get("placed_at");
-    let order = Order {
-        id: Uuid::new_v4(),
-        customer_id: customer_id.to_owned(),
-        status: OrderStatus::Pending,
-        amount_cents,
-        items,
-        cancel_reason: None,
-        created_at: placed_at,
-        updated_at: placed_at,
-    };
+    let order = price(&tx, customer_id, lines).await?;
     let body = serde_json::to_string(&order).expect("an order serializes");
 
     if let Some(keyed) = &keyed {
@@ -228,26 +188,7 @@ pub async fn place_order(
                 _ => error.into(),
             })?;
         if claimed.is_none() {
-            let stored = tx
-                .query_opt(
-                    &tx.prepare_cached(
-                        "SELECT fingerprint, order_id, response_status, response_body
-                           FROM idempotency_keys WHERE key = $1",
-                    )
-                    .await?,
-                    &[&keyed.key.as_str()],
-                )
-                .await?
-                // Deleted since the insert saw it: expired and pruned; the client retries.
-                .ok_or(PlaceOrderError::KeyInUse)?;
-            if stored.get::<_, &[u8]>("fingerprint") != keyed.fingerprint.as_bytes() {
-                return Err(PlaceOrderError::KeyReused);
-            }
-            return Ok(Placed::Replayed {
-                order_id: stored.get("order_id"),
-                status: stored.get::<_, i16>("response_status") as u16,
-                body: stored.get("response_body"),
-            });
+            return replay(&tx, keyed).await;
         }
     }
 
@@ -257,27 +198,15 @@ pub async fn place_order(
              VALUES ($1, $2, 'pending', $3, $4, $4)",
         )
         .await?,
-        vec![
-            Box::new(order.id),
-            Box::new(customer_id.to_owned()),
-            Box::new(amount_cents),
-            Box::new(placed_at),
-        ],
+        order_row(&order),
     );
-    let quantities: Vec<i32> = order.items.iter().map(|i| i.quantity).collect();
-    let unit_prices: Vec<i64> = order.items.iter().map(|i| i.unit_price_cents).collect();
     tx.pipeline(
         tx.prepare_cached(
             "INSERT INTO order_items (order_id, product_id, quantity, unit_price_cents)
              SELECT $1, * FROM UNNEST($2::uuid[], $3::int[], $4::bigint[])",
         )
         .await?,
-        vec![
-            Box::new(order.id),
-            Box::new(product_ids),
-            Box::new(quantities),
-            Box::new(unit_prices),
-        ],
+        item_rows(&order),
     );
     let order_key = order.id.to_string();
     outbox::enqueue(
@@ -287,12 +216,7 @@ pub async fn place_order(
             topic: &topics.orders,
             key: &order_key,
             event_type: events::ORDER_CREATED,
-            payload: &OrderCreated {
-                order_id: order.id,
-                customer_id: customer_id.to_owned(),
-                amount_cents,
-                items: order.items.clone(),
-            },
+            payload: &order_created(&order),
             caused_by: None,
         },
     )
@@ -300,6 +224,115 @@ pub async fn place_order(
     saga::failpoint::crash_point(saga::failpoint::API_BEFORE_COMMIT);
     tx.commit().await?;
     Ok(Placed::New { order, body })
+}
+
+/// The order `lines` make for `customer_id`, each line priced from the catalog, placed at
+/// the transaction's start.
+async fn price(
+    tx: &Transaction<'_>,
+    customer_id: &str,
+    lines: &[NewLine],
+) -> Result<Order, PlaceOrderError> {
+    // `now()` is the transaction's start: the order's time, known before anything is
+    // written, so that the answer stored with the key is the one the commit makes true.
+    let product_ids: Vec<Uuid> = lines.iter().map(|l| l.product_id).collect();
+    let prices = tx
+        .query(
+            &tx.prepare_cached(
+                "SELECT id, price_cents, now() AS placed_at FROM products WHERE id = ANY($1)",
+            )
+            .await?,
+            &[&product_ids],
+        )
+        .await?;
+    let mut items = Vec::with_capacity(lines.len());
+    for (index, line) in lines.iter().enumerate() {
+        let price = prices
+            .iter()
+            .find(|row| row.get::<_, Uuid>("id") == line.product_id)
+            .ok_or(PlaceOrderError::UnknownProduct {
+                index,
+                product_id: line.product_id,
+            })?;
+        items.push(OrderItem {
+            product_id: line.product_id,
+            quantity: line.quantity,
+            unit_price_cents: price.get("price_cents"),
+        });
+    }
+    let amount_cents: i64 = items
+        .iter()
+        .map(|i| i.unit_price_cents * i64::from(i.quantity))
+        .sum();
+    let placed_at: OffsetDateTime = prices[0].get("placed_at");
+    Ok(Order {
+        id: Uuid::new_v4(),
+        customer_id: customer_id.to_owned(),
+        status: OrderStatus::Pending,
+        amount_cents,
+        items,
+        cancel_reason: None,
+        created_at: placed_at,
+        updated_at: placed_at,
+    })
+}
+
+/// The answer stored with `keyed`'s key, claimed by an earlier request: replayed if that
+/// request was this one, refused if it was another.
+async fn replay(tx: &Transaction<'_>, keyed: &Keyed<'_>) -> Result<Placed, PlaceOrderError> {
+    let stored = tx
+        .query_opt(
+            &tx.prepare_cached(
+                "SELECT fingerprint, order_id, response_status, response_body
+                   FROM idempotency_keys WHERE key = $1",
+            )
+            .await?,
+            &[&keyed.key.as_str()],
+        )
+        .await?
+        // Deleted since the insert saw it: expired and pruned; the client retries.
+        .ok_or(PlaceOrderError::KeyInUse)?;
+    if stored.get::<_, &[u8]>("fingerprint") != keyed.fingerprint.as_bytes() {
+        return Err(PlaceOrderError::KeyReused);
+    }
+    Ok(Placed::Replayed {
+        order_id: stored.get("order_id"),
+        status: stored.get::<_, i16>("response_status") as u16,
+        body: stored.get("response_body"),
+    })
+}
+
+/// The parameters of `order`'s row.
+fn order_row(order: &Order) -> Vec<Param> {
+    vec![
+        Box::new(order.id),
+        Box::new(order.customer_id.clone()),
+        Box::new(order.amount_cents),
+        Box::new(order.created_at),
+    ]
+}
+
+/// The parameters of `order`'s item rows: the order, and a column of each item's values.
+fn item_rows(order: &Order) -> Vec<Param> {
+    let product_ids: Vec<Uuid> = order.items.iter().map(|i| i.product_id).collect();
+    let quantities: Vec<i32> = order.items.iter().map(|i| i.quantity).collect();
+    let unit_prices: Vec<i64> = order.items.iter().map(|i| i.unit_price_cents).collect();
+    vec![
+        Box::new(order.id),
+        Box::new(product_ids),
+        Box::new(quantities),
+        Box::new(unit_prices),
+    ]
+}
+
+/// The payload of `order`'s `order.created` event.
+fn order_created(order: &Order) -> OrderCreated {
+    OrderCreated {
+        order_id: order.id,
+        customer_id: order.customer_id.clone(),
+        amount_cents: order.amount_cents,
+        items: order.items.clone(),
+    }
 }
 
 pub async fn find_order(
