@@ -123,15 +123,7 @@ pub async fn apply_payment_result(
         return Ok(Outcome::Guarded);
     }
 
-    let reason = match decided {
-        OrderStatus::Cancelled => Some(
-            payment
-                .reason
-                .clone()
-                .unwrap_or_else(|| "payment failed".to_owned()),
-        ),
-        _ => None,
-    };
+    let reason = cancel_reason(payment, decided);
     tx.pipeline(
         tx.prepare_cached(
             "UPDATE orders SET status = $2, cancel_reason = $3, updated_at = now() WHERE id = $1",
@@ -166,4 +158,18 @@ pub async fn apply_payment_result(
     )
     .await?;
     Ok(Outcome::Applied)
+}
+
+/// Why the order is cancelled, if `decided` cancels it: the payment's reason, or a
+/// general one when the payment gave none.
+fn cancel_reason(payment: &PaymentResult, decided: OrderStatus) -> Option<String> {
+    match decided {
+        OrderStatus::Cancelled => Some(
+            payment
+                .reason
+                .clone()
+                .unwrap_or_else(|| "payment failed".to_owned()),
+        ),
+        _ => None,
+    }
 }
