@@ -21,6 +21,7 @@ use axum::routing::get;
 use deadpool_postgres::Pool;
 use saga::http::BodyError;
 use saga::idempotency::{self, Fingerprint, IdempotencyKey, KeyError};
+use saga::transaction::Param;
 use saga::{Retry, Transaction};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -188,33 +189,7 @@ async fn charge(
         )
         .await?
         .get(0);
-    let declined = request.amount_cents > rules.limit_cents;
-    let charge = Charge {
-        id: format!("ch_{}", Uuid::new_v4().simple()),
-        amount_cents: request.amount_cents,
-        currency: request.currency.clone(),
-        reference: request.reference.clone(),
-        status: if declined { "failed" } else { "succeeded" }.to_owned(),
-        failure_code: declined.then(|| CARD_DECLINED.to_owned()),
-        failure_message: declined.then(|| AMOUNT_EXCEEDS_LIMIT.to_owned()),
-        created_at,
-    };
-    let (status, body) = if declined {
-        (
-            StatusCode::PAYMENT_REQUIRED,
-            json!({ "error": {
-                "code": CARD_DECLINED,
-                "message": AMOUNT_EXCEEDS_LIMIT,
-                "charge": charge.id,
-            }})
-            .to_string(),
-        )
-    } else {
-        (
-            StatusCode::CREATED,
-            serde_json::to_string(&charge).expect("a charge serializes"),
-        )
-    };
+    let (charge, status, body) = decide(request, rules.limit_cents, created_at);
 
     // An expired key is a new request: its row is taken over, not replayed.
     let claimed = tx
@@ -246,30 +221,7 @@ async fn charge(
             _ => error.into(),
         })?;
     if claimed.is_none() {
-        let stored = tx
-            .query_opt(
-                &tx.prepare_cached(
-                    "SELECT fingerprint, charge_id, response_status, response_body
-                       FROM idempotency_keys WHERE key = $1",
-                )
-                .await?,
-                &[&key.as_str()],
-            )
-            .await?
-            // Deleted since the insert saw it: expired and pruned; the caller retries.
-            .ok_or(ProviderError::IdempotencyKeyInUse)?;
-        if stored.get::<_, &[u8]>("fingerprint") != fingerprint.as_bytes() {
-            return Err(ProviderError::IdempotencyKeyReused);
-        }
-        let status = stored.get::<_, i16>("response_status") as u16;
-        return Ok(Decided {
-            status: StatusCode::from_u16(status).map_err(|error| {
-                ProviderError::Internal(anyhow::anyhow!("stored status {status}: {error}"))
-            })?,
-            charge_id: stored.get("charge_id"),
-            body: stored.get("response_body"),
-            replayed: true,
-        });
+        return replay(&tx, key, fingerprint).await;
     }
     tx.pipeline(
         tx.prepare_cached(
@@ -278,16 +230,7 @@ async fn charge(
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .await?,
-        vec![
-            Box::new(charge.id.clone()),
-            Box::new(charge.reference),
-            Box::new(charge.amount_cents),
-            Box::new(charge.currency),
-            Box::new(charge.status),
-            Box::new(charge.failure_code),
-            Box::new(charge.failure_message),
-            Box::new(charge.created_at),
-        ],
+        charge_row(&charge),
     );
     tx.commit().await?;
     Ok(Decided {
@@ -296,6 +239,90 @@ async fn charge(
         body,
         replayed: false,
     })
+}
+
+/// The charge `request` makes if its key is new, created at `created_at`: declined over
+/// `limit_cents`, and the answer to give for it.
+fn decide(
+    request: &NewCharge,
+    limit_cents: i64,
+    created_at: OffsetDateTime,
+) -> (Charge, StatusCode, String) {
+    let declined = request.amount_cents > limit_cents;
+    let charge = Charge {
+        id: format!("ch_{}", Uuid::new_v4().simple()),
+        amount_cents: request.amount_cents,
+        currency: request.currency.clone(),
+        reference: request.reference.clone(),
+        status: if declined { "failed" } else { "succeeded" }.to_owned(),
+        failure_code: declined.then(|| CARD_DECLINED.to_owned()),
+        failure_message: declined.then(|| AMOUNT_EXCEEDS_LIMIT.to_owned()),
+        created_at,
+    };
+    let (status, body) = if declined {
+        (
+            StatusCode::PAYMENT_REQUIRED,
+            json!({ "error": {
+                "code": CARD_DECLINED,
+                "message": AMOUNT_EXCEEDS_LIMIT,
+                "charge": charge.id,
+            }})
+            .to_string(),
+        )
+    } else {
+        (
+            StatusCode::CREATED,
+            serde_json::to_string(&charge).expect("a charge serializes"),
+        )
+    };
+    (charge, status, body)
+}
+
+/// The answer stored with `key`, claimed by an earlier call: replayed if that call was
+/// this one, refused if it was another.
+async fn replay(
+    tx: &Transaction<'_>,
+    key: &IdempotencyKey,
+    fingerprint: Fingerprint,
+) -> Result<Decided, ProviderError> {
+    let stored = tx
+        .query_opt(
+            &tx.prepare_cached(
+                "SELECT fingerprint, charge_id, response_status, response_body
+                   FROM idempotency_keys WHERE key = $1",
+            )
+            .await?,
+            &[&key.as_str()],
+        )
+        .await?
+        // Deleted since the insert saw it: expired and pruned; the caller retries.
+        .ok_or(ProviderError::IdempotencyKeyInUse)?;
+    if stored.get::<_, &[u8]>("fingerprint") != fingerprint.as_bytes() {
+        return Err(ProviderError::IdempotencyKeyReused);
+    }
+    let status = stored.get::<_, i16>("response_status") as u16;
+    Ok(Decided {
+        status: StatusCode::from_u16(status).map_err(|error| {
+            ProviderError::Internal(anyhow::anyhow!("stored status {status}: {error}"))
+        })?,
+        charge_id: stored.get("charge_id"),
+        body: stored.get("response_body"),
+        replayed: true,
+    })
+}
+
+/// The parameters of `charge`'s row.
+fn charge_row(charge: &Charge) -> Vec<Param> {
+    vec![
+        Box::new(charge.id.clone()),
+        Box::new(charge.reference.clone()),
+        Box::new(charge.amount_cents),
+        Box::new(charge.currency.clone()),
+        Box::new(charge.status.clone()),
+        Box::new(charge.failure_code.clone()),
+        Box::new(charge.failure_message.clone()),
+        Box::new(charge.created_at),
+    ]
 }
 
 /// Checks a body field by field, naming the first that is wrong.
