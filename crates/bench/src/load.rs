@@ -179,11 +179,14 @@ impl LoadGenerator {
         tag: &str,
         keys: Keys,
     ) -> LoadResult {
-        let body: Arc<str> = order_body(tag).into();
-        let tag: Arc<str> = tag.into();
-        let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
-        let failed = Arc::new(AtomicU64::new(0));
-        let refused = Arc::new(AtomicU64::new(0));
+        let offered = Offered {
+            body: order_body(tag).into(),
+            tag: tag.into(),
+            keys,
+            latencies: Arc::new(Mutex::new(Vec::<u64>::new())),
+            failed: Arc::new(AtomicU64::new(0)),
+            refused: Arc::new(AtomicU64::new(0)),
+        };
         let remaining = Arc::new(AtomicU64::new(limit.unwrap_or(u64::MAX)));
         let started_at = OffsetDateTime::now_utc();
         let start = Instant::now();
@@ -191,109 +194,153 @@ impl LoadGenerator {
         let mut skipped = 0;
         match shape {
             Shape::Closed { concurrency } => {
-                let mut clients = tokio::task::JoinSet::new();
-                for _ in 0..concurrency {
-                    let generator = self.clone();
-                    let (body, tag) = (body.clone(), tag.clone());
-                    let latencies = latencies.clone();
-                    let (failed, refused) = (failed.clone(), refused.clone());
-                    let remaining = remaining.clone();
-                    clients.spawn(async move {
-                        let mut mine = Vec::new();
-                        while Instant::now() < deadline
-                            && remaining
-                                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                                    n.checked_sub(1)
-                                })
-                                .is_ok()
-                        {
-                            let sent = Instant::now();
-                            let pause = match generator.place(&body, keys, &tag).await {
-                                Offer::Placed => {
-                                    mine.push(sent.elapsed().as_micros() as u64);
-                                    continue;
-                                }
-                                // As a client that honours the server: back when it says.
-                                Offer::Refused(after) => {
-                                    refused.fetch_add(1, Ordering::Relaxed);
-                                    after
-                                }
-                                // A failed order comes back fast; do not spin on it.
-                                Offer::Failed => {
-                                    failed.fetch_add(1, Ordering::Relaxed);
-                                    Duration::from_millis(10)
-                                }
-                            };
-                            // Not placed: another try is owed.
-                            remaining.fetch_add(1, Ordering::Relaxed);
-                            let until = (Instant::now() + pause).min(deadline);
-                            tokio::time::sleep_until(until.into()).await;
-                        }
-                        latencies.lock().await.extend(mine);
-                    });
-                }
-                while clients.join_next().await.is_some() {}
+                self.closed(&offered, concurrency, deadline, &remaining)
+                    .await;
             }
-            Shape::Open { rate } => {
-                let in_flight = Arc::new(AtomicU64::new(0));
-                let mut requests = tokio::task::JoinSet::new();
-                let interval = Duration::from_secs_f64(1.0 / rate);
-                let mut due = start;
-                while due < deadline {
-                    tokio::time::sleep_until(due.into()).await;
-                    if in_flight.load(Ordering::Relaxed) >= MAX_IN_FLIGHT {
-                        skipped += 1;
-                    } else {
-                        in_flight.fetch_add(1, Ordering::Relaxed);
-                        let generator = self.clone();
-                        let (body, tag) = (body.clone(), tag.clone());
-                        let latencies = latencies.clone();
-                        let (failed, refused) = (failed.clone(), refused.clone());
-                        let in_flight = in_flight.clone();
-                        requests.spawn(async move {
-                            // An open loop's customers do not come back: a refusal is
-                            // counted, not retried.
-                            match generator.place(&body, keys, &tag).await {
-                                Offer::Placed => {
-                                    let latency = due.elapsed().as_micros() as u64;
-                                    latencies.lock().await.push(latency);
-                                }
-                                Offer::Refused(_) => {
-                                    refused.fetch_add(1, Ordering::Relaxed);
-                                }
-                                Offer::Failed => {
-                                    failed.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
-                            in_flight.fetch_sub(1, Ordering::Relaxed);
-                        });
-                    }
-                    // Reap finished requests as we go, so the set stays small.
-                    while requests.try_join_next().is_some() {}
-                    due += interval;
-                }
-                while requests.join_next().await.is_some() {}
-            }
+            Shape::Open { rate } => skipped = self.open(&offered, rate, start, deadline).await,
         }
         // The offered window, not the tail of answers after it.
         let seconds = duration
             .as_secs_f64()
             .min(start.elapsed().as_secs_f64())
             .max(0.001);
-        let mut post_latencies_us = std::mem::take(&mut *latencies.lock().await);
+        let mut post_latencies_us = std::mem::take(&mut *offered.latencies.lock().await);
         post_latencies_us.sort_unstable();
         LoadResult {
             shape,
-            tag: tag.to_string(),
+            tag: offered.tag.to_string(),
             started_at,
             seconds,
             placed: post_latencies_us.len() as u64,
-            refused: refused.load(Ordering::Relaxed),
-            failed: failed.load(Ordering::Relaxed),
+            refused: offered.refused.load(Ordering::Relaxed),
+            failed: offered.failed.load(Ordering::Relaxed),
             skipped,
             post_latencies_us,
         }
     }
+
+    /// `concurrency` clients, each placing its next order as soon as the last is answered,
+    /// until `deadline` or until `remaining` orders are placed.
+    async fn closed(
+        self: &Arc<Self>,
+        offered: &Offered,
+        concurrency: u32,
+        deadline: Instant,
+        remaining: &Arc<AtomicU64>,
+    ) {
+        let mut clients = tokio::task::JoinSet::new();
+        for _ in 0..concurrency {
+            let generator = self.clone();
+            let Offered {
+                body,
+                tag,
+                keys,
+                latencies,
+                failed,
+                refused,
+            } = offered.clone();
+            let remaining = remaining.clone();
+            clients.spawn(async move {
+                let mut mine = Vec::new();
+                while Instant::now() < deadline
+                    && remaining
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_ok()
+                {
+                    let sent = Instant::now();
+                    let pause = match generator.place(&body, keys, &tag).await {
+                        Offer::Placed => {
+                            mine.push(sent.elapsed().as_micros() as u64);
+                            continue;
+                        }
+                        // As a client that honours the server: back when it says.
+                        Offer::Refused(after) => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                            after
+                        }
+                        // A failed order comes back fast; do not spin on it.
+                        Offer::Failed => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            Duration::from_millis(10)
+                        }
+                    };
+                    // Not placed: another try is owed.
+                    remaining.fetch_add(1, Ordering::Relaxed);
+                    let until = (Instant::now() + pause).min(deadline);
+                    tokio::time::sleep_until(until.into()).await;
+                }
+                latencies.lock().await.extend(mine);
+            });
+        }
+        while clients.join_next().await.is_some() {}
+    }
+
+    /// Orders at `rate` a second from `start` until `deadline`, whether or not the ones
+    /// before were answered; returns how many were skipped, too many being in flight.
+    async fn open(
+        self: &Arc<Self>,
+        offered: &Offered,
+        rate: f64,
+        start: Instant,
+        deadline: Instant,
+    ) -> u64 {
+        let mut skipped = 0;
+        let in_flight = Arc::new(AtomicU64::new(0));
+        let mut requests = tokio::task::JoinSet::new();
+        let interval = Duration::from_secs_f64(1.0 / rate);
+        let mut due = start;
+        while due < deadline {
+            tokio::time::sleep_until(due.into()).await;
+            if in_flight.load(Ordering::Relaxed) >= MAX_IN_FLIGHT {
+                skipped += 1;
+            } else {
+                in_flight.fetch_add(1, Ordering::Relaxed);
+                let generator = self.clone();
+                let Offered {
+                    body,
+                    tag,
+                    keys,
+                    latencies,
+                    failed,
+                    refused,
+                } = offered.clone();
+                let in_flight = in_flight.clone();
+                requests.spawn(async move {
+                    // An open loop's customers do not come back: a refusal is
+                    // counted, not retried.
+                    match generator.place(&body, keys, &tag).await {
+                        Offer::Placed => {
+                            let latency = due.elapsed().as_micros() as u64;
+                            latencies.lock().await.push(latency);
+                        }
+                        Offer::Refused(_) => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Offer::Failed => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+            // Reap finished requests as we go, so the set stays small.
+            while requests.try_join_next().is_some() {}
+            due += interval;
+        }
+        while requests.join_next().await.is_some() {}
+        skipped
+    }
+}
+
+/// What the clients of one offer share: the order they place, and what they count.
+#[derive(Clone)]
+struct Offered {
+    body: Arc<str>,
+    tag: Arc<str>,
+    keys: Keys,
+    latencies: Arc<Mutex<Vec<u64>>>,
+    failed: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
 }
 
 /// The reference, and the start of the key, of every charge the benchmark asks of the
