@@ -114,28 +114,7 @@ pub async fn step_outcome(
 ) -> anyhow::Result<StepOutcome> {
     let orders_db = databases.connect(Database::Orders).await?;
     let notifications_db = databases.connect(Database::Notifications).await?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        let counts = orders_db
-            .query_one(
-                "SELECT count(*) FILTER (WHERE status = 'pending'), count(*)
-                   FROM orders WHERE customer_id = $1",
-                &[&tag],
-            )
-            .await?;
-        let (pending, placed): (i64, i64) = (counts.get(0), counts.get(1));
-        let notified: i64 = notifications_db
-            .query_one(
-                "SELECT count(*) FROM notifications WHERE customer_id = $1",
-                &[&tag],
-            )
-            .await?
-            .get(0);
-        if (pending == 0 && notified >= placed) || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    wait_until_settled(&orders_db, &notifications_db, tag, timeout).await?;
 
     let rows = orders_db
         .query(
@@ -192,6 +171,63 @@ pub async fn step_outcome(
     to_confirmed.sort_unstable();
     to_notified.sort_unstable();
 
+    let (applied_per_second, published_per_second) =
+        rates_in_window(databases, window_start, last, window).await?;
+
+    Ok(StepOutcome {
+        orders: rows.len(),
+        unfinished,
+        confirmed: Rate::new(confirmed_in_window, window),
+        notified: Rate::new(notified_in_window, window),
+        to_confirmed_ms: Percentiles::of_sorted_us(&to_confirmed),
+        to_notified_ms: Percentiles::of_sorted_us(&to_notified),
+        confirmed_drain_seconds: seconds_between(last, last_confirmed),
+        applied_per_second,
+        published_per_second,
+        hops_ms: hops(databases, tag).await?,
+    })
+}
+
+/// Waits (up to `timeout`) until every order tagged `tag` is decided and notified.
+async fn wait_until_settled(
+    orders_db: &tokio_postgres::Client,
+    notifications_db: &tokio_postgres::Client,
+    tag: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let counts = orders_db
+            .query_one(
+                "SELECT count(*) FILTER (WHERE status = 'pending'), count(*)
+                   FROM orders WHERE customer_id = $1",
+                &[&tag],
+            )
+            .await?;
+        let (pending, placed): (i64, i64) = (counts.get(0), counts.get(1));
+        let notified: i64 = notifications_db
+            .query_one(
+                "SELECT count(*) FROM notifications WHERE customer_id = $1",
+                &[&tag],
+            )
+            .await?
+            .get(0);
+        if (pending == 0 && notified >= placed) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// Events each consumer applied, and outbox rows each relay published, per second
+/// between `window_start` and `last` (`window` seconds).
+async fn rates_in_window(
+    databases: &Databases,
+    window_start: OffsetDateTime,
+    last: OffsetDateTime,
+    window: f64,
+) -> anyhow::Result<(HashMap<Database, f64>, HashMap<Database, f64>)> {
     let mut applied_per_second = HashMap::new();
     let mut published_per_second = HashMap::new();
     for database in [
@@ -217,19 +253,7 @@ pub async fn step_outcome(
         applied_per_second.insert(database, Rate::new(applied, window).per_second);
         published_per_second.insert(database, Rate::new(published, window).per_second);
     }
-
-    Ok(StepOutcome {
-        orders: rows.len(),
-        unfinished,
-        confirmed: Rate::new(confirmed_in_window, window),
-        notified: Rate::new(notified_in_window, window),
-        to_confirmed_ms: Percentiles::of_sorted_us(&to_confirmed),
-        to_notified_ms: Percentiles::of_sorted_us(&to_notified),
-        confirmed_drain_seconds: seconds_between(last, last_confirmed),
-        applied_per_second,
-        published_per_second,
-        hops_ms: hops(databases, tag).await?,
-    })
+    Ok((applied_per_second, published_per_second))
 }
 
 /// An outbox row's `occurred_at`, by (key, type).
