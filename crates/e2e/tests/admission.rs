@@ -69,71 +69,16 @@ async fn with_payment_service_held_back_orders_past_the_cap_are_refused_and_acce
     let mut accepted: Vec<Uuid> = Vec::new();
 
     for round in 0..ROUNDS {
-        // Each round from an empty saga, as order-service counts it.
-        for id in &accepted {
-            stack.settled_order(*id).await;
-        }
-        eventually(
-            SETTLE,
-            "order-service to count no order in flight",
-            || async {
-                let metrics = stack.metrics(ORDER_SERVICE).await;
-                (metrics.sum(ORDERS_IN_FLIGHT, &[]) == 0.0).then_some(())
-            },
-        )
-        .await;
+        wait_for_an_empty_saga(&stack, &accepted).await;
         assert!(
             stack.terminate_service(PAYMENT_SERVICE).await,
             "payment-service stops"
         );
-        // The orders in flight from here on: none of them can move past payment-service.
-        // Placed one after the other until the first refusal: at the cap, or one early
-        // if a count ran while an order committed (counted twice until the next count;
-        // the poll interval is long enough that at most one count falls in the burst).
-        let mut placed = 0;
-        let refused = loop {
-            let answer = post(&stack, &format!("r{round}-{placed}")).await;
-            if answer.status != 201 {
-                break answer;
-            }
-            accepted.push(answer.body["id"].as_str().unwrap().parse().unwrap());
-            placed += 1;
-            assert!(
-                placed <= CAP,
-                "round {round}: {placed} orders accepted with the saga held back, past the cap of {CAP}"
-            );
-        };
-        assert!(
-            placed >= CAP - 1,
-            "round {round}: refused after {placed} orders, before the cap of {CAP}: {}",
-            refused.body
-        );
-        assert_eq!(refused.status, 503, "past the cap: {}", refused.body);
-        assert_eq!(
-            refused.body["error"]["code"], "saga_behind",
-            "{}",
-            refused.body
-        );
-        let message = refused.body["error"]["message"].as_str().unwrap();
-        assert!(
-            message.contains(" orders in flight") && message.contains(&format!("limit of {CAP}")),
-            "the refusal says how far behind: {message}"
-        );
-        assert_eq!(refused.retry_after.as_deref(), Some("1"), "Retry-After");
-        assert_eq!(
-            orders_stored(&stack).await,
-            accepted.len() as i64,
-            "the orders accepted are stored, and the refused one is not"
-        );
+        let (placed, refused) = place_orders_until_refused(&stack, round, &mut accepted).await;
+        assert_refused_for_being_behind(&stack, round, placed, &refused, &accepted).await;
 
         stack.start_service(PAYMENT_SERVICE).await;
-        // The same key again: refused before, so nothing of it was kept, and once the
-        // backlog drains it places its order (201, not a replay).
-        let retried = eventually(SETTLE, "the order API to accept again", || async {
-            let answer = post(&stack, &format!("r{round}-{placed}")).await;
-            (answer.status == 201).then_some(answer)
-        })
-        .await;
+        let retried = accepted_again(&stack, round, placed).await;
         assert!(
             retried.body["status"] == "pending",
             "a new order: {}",
@@ -154,6 +99,92 @@ async fn with_payment_service_held_back_orders_past_the_cap_are_refused_and_acce
         accepted.len() as i64,
         "every order accepted, and no other, is stored"
     );
+}
+
+/// Each round from an empty saga, as order-service counts it.
+async fn wait_for_an_empty_saga(stack: &Stack, accepted: &[Uuid]) {
+    for id in accepted {
+        stack.settled_order(*id).await;
+    }
+    eventually(
+        SETTLE,
+        "order-service to count no order in flight",
+        || async {
+            let metrics = stack.metrics(ORDER_SERVICE).await;
+            (metrics.sum(ORDERS_IN_FLIGHT, &[]) == 0.0).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Places orders one after the other, keeping those accepted, until one is refused;
+/// returns how many were placed, and the refusal.
+async fn place_orders_until_refused(
+    stack: &Stack,
+    round: usize,
+    accepted: &mut Vec<Uuid>,
+) -> (usize, Answer) {
+    // The orders in flight from here on: none of them can move past payment-service.
+    // Placed one after the other until the first refusal: at the cap, or one early
+    // if a count ran while an order committed (counted twice until the next count;
+    // the poll interval is long enough that at most one count falls in the burst).
+    let mut placed = 0;
+    let refused = loop {
+        let answer = post(stack, &format!("r{round}-{placed}")).await;
+        if answer.status != 201 {
+            break answer;
+        }
+        accepted.push(answer.body["id"].as_str().unwrap().parse().unwrap());
+        placed += 1;
+        assert!(
+            placed <= CAP,
+            "round {round}: {placed} orders accepted with the saga held back, past the cap of {CAP}"
+        );
+    };
+    (placed, refused)
+}
+
+/// Refused at the cap, `503 saga_behind` saying how far behind, with `Retry-After`, and
+/// nothing of it stored.
+async fn assert_refused_for_being_behind(
+    stack: &Stack,
+    round: usize,
+    placed: usize,
+    refused: &Answer,
+    accepted: &[Uuid],
+) {
+    assert!(
+        placed >= CAP - 1,
+        "round {round}: refused after {placed} orders, before the cap of {CAP}: {}",
+        refused.body
+    );
+    assert_eq!(refused.status, 503, "past the cap: {}", refused.body);
+    assert_eq!(
+        refused.body["error"]["code"], "saga_behind",
+        "{}",
+        refused.body
+    );
+    let message = refused.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(" orders in flight") && message.contains(&format!("limit of {CAP}")),
+        "the refusal says how far behind: {message}"
+    );
+    assert_eq!(refused.retry_after.as_deref(), Some("1"), "Retry-After");
+    assert_eq!(
+        orders_stored(stack).await,
+        accepted.len() as i64,
+        "the orders accepted are stored, and the refused one is not"
+    );
+}
+
+/// The same key again: refused before, so nothing of it was kept, and once the
+/// backlog drains it places its order (201, not a replay).
+async fn accepted_again(stack: &Stack, round: usize, placed: usize) -> Answer {
+    eventually(SETTLE, "the order API to accept again", || async {
+        let answer = post(stack, &format!("r{round}-{placed}")).await;
+        (answer.status == 201).then_some(answer)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

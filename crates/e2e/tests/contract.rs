@@ -6,6 +6,9 @@
 //! `scripts/contract --long` runs it with many more. Each run's figures go to
 //! `target/contract-report.md`.
 
+use std::path::Path;
+use std::process::Output;
+
 use saga_e2e::{
     NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_SERVICE, SETTLE, Stack, workspace_root,
 };
@@ -27,41 +30,9 @@ async fn every_generated_request_gets_a_documented_status_and_body_never_a_5xx_n
     let reports = std::env::temp_dir().join(format!("{}-contract", stack.kafka.namespace));
 
     std::fs::create_dir_all(&reports).unwrap();
-    let output = tokio::process::Command::new(&st)
-        // It keeps a cache in its working folder.
-        .current_dir(&reports)
-        .arg("run")
-        .arg(stack.api_url("/openapi.json"))
-        // Every check but one: a request valid by the schema may still name a product
-        // the catalog does not hold, and that is a 422, not a 2xx. The catalog is data;
-        // the contract cannot list it.
-        .args([
-            "--checks",
-            "all",
-            "--exclude-checks",
-            "positive_data_acceptance",
-        ])
-        .args(["--max-examples", &examples])
-        // A hang is a failure: no answer may take longer.
-        .args(["--max-response-time", "5", "--request-timeout", "10"])
-        .args(["--generation-database", "none", "--no-color", "--seed"])
-        .arg(seed.to_string())
-        .args(["--report", "json", "--report-dir"])
-        .arg(&reports)
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", st.display()));
+    let output = run_schemathesis(&st, &stack, &examples, seed, &reports).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let report = std::fs::read_dir(&reports)
-        .ok()
-        .and_then(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .find(|entry| entry.file_name().to_string_lossy().ends_with(".json"))
-        })
-        .and_then(|entry| std::fs::read_to_string(entry.path()).ok())
-        .unwrap_or_else(|| panic!("schemathesis wrote no report:\n{stdout}"));
-    let report: Value = serde_json::from_str(&report).unwrap();
+    let report = read_report(&reports, &stdout);
     let generated = report["test_cases"]["generated"].as_u64().unwrap();
     let failures = report["test_cases"]["unique_failures"].as_u64().unwrap();
     let errors = report["errors"].as_array().map_or(0, Vec::len);
@@ -83,8 +54,61 @@ async fn every_generated_request_gets_a_documented_status_and_body_never_a_5xx_n
     );
     assert!(generated > 0, "{stdout}");
 
-    // Whatever the contract let through, the saga settled: no order left pending, no
-    // event dead-lettered downstream.
+    assert_every_order_placed_settled(&stack).await;
+    assert_nothing_dead_lettered_and_every_service_healthy(&stack).await;
+    let _ = std::fs::remove_dir_all(&reports);
+}
+
+/// Runs schemathesis against the stack's order API, its report in `reports`.
+async fn run_schemathesis(
+    st: &Path,
+    stack: &Stack,
+    examples: &str,
+    seed: u128,
+    reports: &Path,
+) -> Output {
+    tokio::process::Command::new(st)
+        // It keeps a cache in its working folder.
+        .current_dir(reports)
+        .arg("run")
+        .arg(stack.api_url("/openapi.json"))
+        // Every check but one: a request valid by the schema may still name a product
+        // the catalog does not hold, and that is a 422, not a 2xx. The catalog is data;
+        // the contract cannot list it.
+        .args([
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+        ])
+        .args(["--max-examples", examples])
+        // A hang is a failure: no answer may take longer.
+        .args(["--max-response-time", "5", "--request-timeout", "10"])
+        .args(["--generation-database", "none", "--no-color", "--seed"])
+        .arg(seed.to_string())
+        .args(["--report", "json", "--report-dir"])
+        .arg(reports)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", st.display()))
+}
+
+/// The JSON report schemathesis wrote in `reports`.
+fn read_report(reports: &Path, stdout: &str) -> Value {
+    let report = std::fs::read_dir(reports)
+        .ok()
+        .and_then(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .find(|entry| entry.file_name().to_string_lossy().ends_with(".json"))
+        })
+        .and_then(|entry| std::fs::read_to_string(entry.path()).ok())
+        .unwrap_or_else(|| panic!("schemathesis wrote no report:\n{stdout}"));
+    serde_json::from_str(&report).unwrap()
+}
+
+/// Whatever the contract let through, the saga settled: no order left pending.
+async fn assert_every_order_placed_settled(stack: &Stack) {
     let orders = stack.orders_db.client().await;
     eventually(SETTLE, "every accepted order to settle", || async {
         let pending: i64 = orders
@@ -105,6 +129,10 @@ async fn every_generated_request_gets_a_documented_status_and_body_never_a_5xx_n
         placed > 0,
         "no generated request placed an order: the check above proves nothing"
     );
+}
+
+/// No event dead-lettered downstream, and every service still healthy.
+async fn assert_nothing_dead_lettered_and_every_service_healthy(stack: &Stack) {
     for service in [ORDER_SERVICE, PAYMENT_SERVICE, NOTIFICATION_SERVICE] {
         let (_, _, dead_letters) = stack.subscription(service);
         let dead = stack.kafka.read_all(&dead_letters).await;
@@ -118,5 +146,4 @@ async fn every_generated_request_gets_a_documented_status_and_body_never_a_5xx_n
             "{service} is unhealthy after the run"
         );
     }
-    let _ = std::fs::remove_dir_all(&reports);
 }

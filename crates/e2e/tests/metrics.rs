@@ -14,6 +14,7 @@ use saga_e2e::{
 };
 use saga_testkit::{TestDatabase, eventually};
 use serde_json::json;
+use uuid::Uuid;
 
 /// Orders placed: quantities 2 are confirmed, 100 (129 900 cents) over the limit cancelled.
 const QUANTITIES: [i32; 6] = [2, 2, 100, 2, 100, 2];
@@ -21,9 +22,48 @@ const QUANTITIES: [i32; 6] = [2, 2, 100, 2, 100, 2];
 #[tokio::test]
 async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
     let stack = Stack::start().await;
-    let topics = &stack.kafka.topics;
-    let (http, base) = stack.api();
+    let orders = place_the_orders(&stack).await;
+    let n = orders.len() as u64;
+    let cancelled = QUANTITIES.iter().filter(|q| **q == 100).count() as u64;
+    for order_id in &orders {
+        stack.settled_order(*order_id).await;
+        stack.notified(*order_id).await;
+    }
+    send_copies_a_late_failure_and_poison(&stack, orders[0]).await;
+    wait_until_every_record_is_handled_and_every_row_published(&stack).await;
 
+    let order = stack.metrics(ORDER_SERVICE).await;
+    let payment = stack.metrics(PAYMENT_SERVICE).await;
+    let notification = stack.metrics(NOTIFICATION_SERVICE).await;
+    let provider = stack.metrics(PAYMENT_PROVIDER).await;
+    assert_order_service_counted(&stack, &order, n, cancelled).await;
+    assert_payment_service_counted(&stack, &payment, n, cancelled).await;
+    // notification-service, on orders: n outcomes, n + 1 order.created (ignored), 1 poison.
+    assert_outcomes(
+        &stack,
+        NOTIFICATION_SERVICE,
+        &notification,
+        [n, 0, 0, n + 1, 1],
+    )
+    .await;
+    assert_inbox(&notification, stack.database(NOTIFICATION_SERVICE), n).await;
+    assert_provider_counted(&provider, n, cancelled);
+    for (service, metrics) in [
+        (ORDER_SERVICE, &order),
+        (PAYMENT_SERVICE, &payment),
+        (NOTIFICATION_SERVICE, &notification),
+    ] {
+        assert_eq!(metrics.count(RETRIES, &[]), 0, "{service}: nothing failed");
+        assert_eq!(metrics.sum(OUTBOX_UNPUBLISHED, &[]), 0.0, "{service}");
+        assert_eq!(metrics.sum(OUTBOX_OLDEST_AGE, &[]), 0.0, "{service}");
+    }
+    wait_for_no_consumer_lag(&stack).await;
+}
+
+/// Places an order of each of [`QUANTITIES`], and one more twice under one key; returns
+/// their ids.
+async fn place_the_orders(stack: &Stack) -> Vec<Uuid> {
+    let (http, base) = stack.api();
     let mut orders = Vec::new();
     for quantity in QUANTITIES {
         orders.push(stack.place_order(quantity).await);
@@ -40,17 +80,14 @@ async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
     let again = keyed().await.unwrap();
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     orders.push(first["id"].as_str().unwrap().parse().unwrap());
-    let n = orders.len() as u64;
-    let cancelled = QUANTITIES.iter().filter(|q| **q == 100).count() as u64;
-    for order_id in &orders {
-        stack.settled_order(*order_id).await;
-        stack.notified(*order_id).await;
-    }
+    orders
+}
 
-    // Hand-replayed: two payment results and one order.created; a late failure with an
-    // id of its own (guard 2); poison: a non-event and an unknown type on payments, a
-    // non-event on orders.
-    let replayed = orders[0];
+/// Hand-replayed: two payment results and one order.created of order `replayed`; a late
+/// failure with an id of its own (guard 2); poison: a non-event and an unknown type on
+/// payments, a non-event on orders.
+async fn send_copies_a_late_failure_and_poison(stack: &Stack, replayed: Uuid) {
+    let topics = &stack.kafka.topics;
     let payment = saga_testkit::envelope(
         &format!("{replayed}:payment"),
         "payment.succeeded",
@@ -77,7 +114,9 @@ async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
         .kafka
         .produce(&topics.orders, None, b"not json either")
         .await;
+}
 
+async fn wait_until_every_record_is_handled_and_every_row_published(stack: &Stack) {
     for service in SERVICES {
         let (_, topic, _) = stack.subscription(service);
         stack.caught_up(service, &topic).await;
@@ -96,16 +135,14 @@ async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
         })
         .await;
     }
+}
 
-    let order = stack.metrics(ORDER_SERVICE).await;
-    let payment = stack.metrics(PAYMENT_SERVICE).await;
-    let notification = stack.metrics(NOTIFICATION_SERVICE).await;
-    let provider = stack.metrics(PAYMENT_PROVIDER).await;
-
-    // order-service, on payments: n results, 2 replays (guard 1), 1 late failure (guard
-    // 2), 2 poison.
+/// order-service, on payments: n results, 2 replays (guard 1), 1 late failure (guard 2),
+/// 2 poison; and its API's requests.
+async fn assert_order_service_counted(stack: &Stack, order: &Metrics, n: u64, cancelled: u64) {
+    let topics = &stack.kafka.topics;
     let on = [("topic", topics.payments.as_str())];
-    assert_outcomes(&stack, ORDER_SERVICE, &order, [n, 2, 1, 0, 2]).await;
+    assert_outcomes(stack, ORDER_SERVICE, order, [n, 2, 1, 0, 2]).await;
     assert_eq!(
         order.count(RECORDS_RECEIVED, &on),
         stack.kafka.read_all(&topics.payments).await.len() as u64
@@ -133,7 +170,7 @@ async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
         "every record that is an event is timed once (no retries), the non-event never"
     );
     // order.created and the outcome, per order.
-    assert_inbox(&order, stack.database(ORDER_SERVICE), 2 * n).await;
+    assert_inbox(order, stack.database(ORDER_SERVICE), 2 * n).await;
     assert_eq!(
         order.count(
             HTTP_REQUESTS,
@@ -156,10 +193,13 @@ async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
         order.label_values(HTTP_REQUESTS, "route")
     );
     assert_eq!(order.count(IDEMPOTENCY_REPLAYS, &[]), 1);
+}
 
-    // payment-service, on orders: n order.created, n outcomes (ignored), 1 replay, 1 poison.
-    assert_outcomes(&stack, PAYMENT_SERVICE, &payment, [n, 1, 0, n, 1]).await;
-    assert_inbox(&payment, stack.database(PAYMENT_SERVICE), n).await;
+/// payment-service, on orders: n order.created, n outcomes (ignored), 1 replay, 1 poison;
+/// and its calls to the provider.
+async fn assert_payment_service_counted(stack: &Stack, payment: &Metrics, n: u64, cancelled: u64) {
+    assert_outcomes(stack, PAYMENT_SERVICE, payment, [n, 1, 0, n, 1]).await;
+    assert_inbox(payment, stack.database(PAYMENT_SERVICE), n).await;
     let charged = [("outcome", "charged"), ("replayed", "false")];
     let declined = [("outcome", "declined"), ("replayed", "false")];
     assert_eq!(payment.count(PROVIDER_CALLS, &charged), n - cancelled);
@@ -169,18 +209,10 @@ async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
         n,
         "the replayed order.created was a duplicate before any call"
     );
+}
 
-    // notification-service, on orders: n outcomes, n + 1 order.created (ignored), 1 poison.
-    assert_outcomes(
-        &stack,
-        NOTIFICATION_SERVICE,
-        &notification,
-        [n, 0, 0, n + 1, 1],
-    )
-    .await;
-    assert_inbox(&notification, stack.database(NOTIFICATION_SERVICE), n).await;
-
-    // The provider: one request and one decided charge per order.
+/// The provider: one request and one decided charge per order.
+fn assert_provider_counted(provider: &Metrics, n: u64, cancelled: u64) {
     assert_eq!(provider.count(CHARGE_REQUESTS, &[]), n);
     assert_eq!(
         provider.count(CHARGES, &[("result", "succeeded")]),
@@ -191,18 +223,10 @@ async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
         cancelled
     );
     assert_eq!(provider.count(IDEMPOTENCY_REPLAYS, &[]), 0);
+}
 
-    for (service, metrics) in [
-        (ORDER_SERVICE, &order),
-        (PAYMENT_SERVICE, &payment),
-        (NOTIFICATION_SERVICE, &notification),
-    ] {
-        assert_eq!(metrics.count(RETRIES, &[]), 0, "{service}: nothing failed");
-        assert_eq!(metrics.sum(OUTBOX_UNPUBLISHED, &[]), 0.0, "{service}");
-        assert_eq!(metrics.sum(OUTBOX_OLDEST_AGE, &[]), 0.0, "{service}");
-    }
-
-    // librdkafka's statistics arrive every few seconds; lag is 0 once they catch up.
+/// librdkafka's statistics arrive every few seconds; lag is 0 once they catch up.
+async fn wait_for_no_consumer_lag(stack: &Stack) {
     for service in SERVICES {
         let (_, topic, _) = stack.subscription(service);
         eventually(SETTLE, &format!("{service}'s lag to read 0"), || async {
