@@ -63,6 +63,11 @@ const PARTITION_QUEUE: usize = 1024;
 /// queue's worth. In batches the next batch is prepared instead, however many that is.
 pub const LOOK_AHEAD: usize = 4;
 
+/// Every line the consumer logs carries this target, whichever of its files writes it:
+/// the fault suite's checker reads `event handled` and `record dead-lettered` lines by
+/// it, and an operator filters the consumer's lines by it (`RUST_LOG=saga::consumer=…`).
+const LOG_TARGET: &str = "saga::consumer";
+
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
     pub brokers: String,

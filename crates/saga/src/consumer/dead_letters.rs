@@ -1,6 +1,7 @@
 //! Dead letters: a record that can never be applied goes, untouched, to the group's
 //! dead-letter topic with why in its headers, and its partition moves on.
 
+use super::LOG_TARGET;
 use std::time::Duration;
 
 use ::metrics::counter;
@@ -104,7 +105,7 @@ impl<H: Handler> PartitionWorker<H> {
             }
             match self.dead_letters.send(record, Duration::from_secs(5)).await {
                 Ok(_) => {
-                    tracing::warn!(reason, dead_letter_topic = %self.settings.dead_letter_topic, "record dead-lettered");
+                    tracing::warn!(target: LOG_TARGET, reason, dead_letter_topic = %self.settings.dead_letter_topic, "record dead-lettered");
                     self.count(event_type.unwrap_or("other"), "dead_lettered");
                     counter!(
                         metrics::DEAD_LETTERS,
@@ -116,7 +117,7 @@ impl<H: Handler> PartitionWorker<H> {
                 }
                 Err((error, _)) => {
                     let delay = backoff::next_delay(&mut delays);
-                    tracing::warn!(%error, retry_in = ?delay, "cannot dead-letter record; retrying");
+                    tracing::warn!(target: LOG_TARGET, %error, retry_in = ?delay, "cannot dead-letter record; retrying");
                     if !self.pause(delay).await {
                         return Done::Abandoned;
                     }

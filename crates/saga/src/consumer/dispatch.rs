@@ -1,6 +1,7 @@
 //! Dispatch: one worker per partition applies its records in offset order, a transaction
 //! per record or per batch, and prepares the records behind the one in hand meanwhile.
 
+use super::LOG_TARGET;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -239,7 +240,7 @@ impl<H: Handler> PartitionWorker<H> {
                     let span = record_span(message);
                     span.record("event_id", event.id.as_str());
                     span.in_scope(|| {
-                        tracing::info!(
+                        tracing::info!(target: LOG_TARGET,
                             event_type = %event.event_type,
                             outcome = outcome.as_str(),
                             batch = batch.len(),
@@ -251,7 +252,7 @@ impl<H: Handler> PartitionWorker<H> {
             }
             Err(error) => {
                 let first = &batch[0].0;
-                tracing::info!(
+                tracing::info!(target: LOG_TARGET,
                     topic = first.topic(),
                     partition = first.partition(),
                     first_offset = first.offset(),
@@ -295,7 +296,7 @@ impl<H: Handler> PartitionWorker<H> {
             let error = match applied {
                 Ok(outcome) => {
                     self.count(&envelope.event_type, outcome.as_str());
-                    tracing::info!(
+                    tracing::info!(target: LOG_TARGET,
                         event_type = %envelope.event_type,
                         outcome = outcome.as_str(),
                         "event handled"
@@ -324,7 +325,7 @@ impl<H: Handler> PartitionWorker<H> {
             )
             .increment(1);
             let delay = backoff::next_delay(&mut delays);
-            tracing::warn!(attempt, %error, retry_in = ?delay, "handler failed; retrying");
+            tracing::warn!(target: LOG_TARGET, attempt, %error, retry_in = ?delay, "handler failed; retrying");
             if !self.pause(delay).await {
                 return Done::Abandoned;
             }

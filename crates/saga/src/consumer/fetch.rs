@@ -2,6 +2,7 @@
 //! the queue of each partition's worker, its partition paused while the queue is full and
 //! resumed once it has room.
 
+use super::LOG_TARGET;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,12 +75,14 @@ impl ConsumerContext for SagaConsumerContext {
     fn pre_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
-                tracing::info!(partitions = %partitions(tpl), "partitions assigned")
+                tracing::info!(target: LOG_TARGET, partitions = %partitions(tpl), "partitions assigned")
             }
             Rebalance::Revoke(tpl) => {
-                tracing::info!(partitions = %partitions(tpl), "partitions revoked")
+                tracing::info!(target: LOG_TARGET, partitions = %partitions(tpl), "partitions revoked")
             }
-            Rebalance::Error(error) => tracing::warn!(%error, "rebalance error"),
+            Rebalance::Error(error) => {
+                tracing::warn!(target: LOG_TARGET, %error, "rebalance error")
+            }
         }
     }
 
@@ -91,7 +94,7 @@ impl ConsumerContext for SagaConsumerContext {
                 rdkafka::types::RDKafkaErrorCode::NoOffset,
             )) => {}
             Err(error) => {
-                tracing::warn!(%error, "offset commit failed; records since the last commit will be redelivered")
+                tracing::warn!(target: LOG_TARGET, %error, "offset commit failed; records since the last commit will be redelivered")
             }
         }
     }
@@ -116,7 +119,7 @@ impl ErrorLog {
             self.not_logged += 1;
             return;
         }
-        tracing::warn!(%error, similar_not_logged = self.not_logged, "kafka consumer error; librdkafka reconnects by itself");
+        tracing::warn!(target: LOG_TARGET, %error, similar_not_logged = self.not_logged, "kafka consumer error; librdkafka reconnects by itself");
         self.last_logged = Some(Instant::now());
         self.not_logged = 0;
     }
@@ -262,7 +265,7 @@ impl Lanes {
         // A blocking call, off the runtime's workers; its answer is not needed.
         tokio::task::spawn_blocking(move || {
             if let Err(error) = consumer.fetch_watermarks(&topic, partition, WAKE_TIMEOUT) {
-                tracing::debug!(partition, %error, "watermarks after a resume not answered");
+                tracing::debug!(target: LOG_TARGET, partition, %error, "watermarks after a resume not answered");
             }
         });
     }
@@ -276,9 +279,13 @@ impl Lanes {
             self.consumer.resume(&partitions)
         };
         match done {
-            Ok(()) => tracing::debug!(partition, paused, "partition queue full or drained"),
+            Ok(()) => {
+                tracing::debug!(target: LOG_TARGET, partition, paused, "partition queue full or drained")
+            }
             // Revoked meanwhile: its new owner fetches it from the committed offset.
-            Err(error) => tracing::debug!(partition, paused, %error, "pause or resume refused"),
+            Err(error) => {
+                tracing::debug!(target: LOG_TARGET, partition, paused, %error, "pause or resume refused")
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! partition being finished too; librdkafka commits what was stored, and the consumer
 //! commits it once more when it stops.
 
+use super::LOG_TARGET;
 use std::sync::Arc;
 
 use rdkafka::consumer::{CommitMode, Consumer as _};
@@ -27,7 +28,7 @@ impl<H: Handler> PartitionWorker<H> {
                 .store_offset(message.topic(), message.partition(), message.offset())
         {
             // The partition was revoked meanwhile; its new owner redelivers this record.
-            tracing::debug!(%error, "offset not stored");
+            tracing::debug!(target: LOG_TARGET, %error, "offset not stored");
         }
     }
 }
@@ -43,7 +44,7 @@ pub(super) async fn commit_stored(consumer: &Arc<SagaConsumer>) -> anyhow::Resul
         Err(rdkafka::error::KafkaError::ConsumerCommit(
             rdkafka::types::RDKafkaErrorCode::NoOffset,
         )) => {}
-        Err(error) => tracing::warn!(%error, "final offset commit failed"),
+        Err(error) => tracing::warn!(target: LOG_TARGET, %error, "final offset commit failed"),
     }
     Ok(())
 }
