@@ -86,16 +86,53 @@ pub struct Extracted {
     /// Whether it runs in a transaction: opens one (`client.transaction()`) or is handed
     /// one (a `&Transaction` parameter: a handler's, opened by the consumer's `Applier`).
     pub transactional: bool,
+    /// The functions of the same file whose statements were read where this one calls
+    /// them.
+    pub inlined: Vec<String>,
 }
 
-struct Collector {
+struct Collector<'s> {
     statements: Vec<String>,
     transactional: bool,
     /// The outbox insert, spliced in where a handler calls `outbox::enqueue`.
     enqueue: Option<Vec<String>>,
+    /// The other functions of the same file. A call to one is read where it is made, so
+    /// that a transaction keeps its statements in order when a helper runs some of them
+    /// (`price` in `place_order`, say).
+    siblings: &'s [Function],
+    /// The functions being read, outermost first: none is read inside itself.
+    reading: Vec<String>,
+    inlined: Vec<String>,
 }
 
-impl<'ast> Visit<'ast> for Collector {
+impl Collector<'_> {
+    /// Reads the statements of `name`, a function of the same file called here.
+    fn inline(&mut self, name: &str) {
+        let Some(sibling) = self.siblings.iter().find(|f| f.name == name) else {
+            return;
+        };
+        if self.reading.iter().any(|reading| reading == name) {
+            return;
+        }
+        let mut inner = Collector {
+            statements: Vec::new(),
+            transactional: false,
+            enqueue: self.enqueue.clone(),
+            siblings: self.siblings,
+            reading: [self.reading.clone(), vec![name.to_owned()]].concat(),
+            inlined: Vec::new(),
+        };
+        inner.visit_block(&sibling.block);
+        if inner.statements.is_empty() {
+            return;
+        }
+        self.statements.extend(inner.statements);
+        self.inlined.push(name.to_owned());
+        self.inlined.extend(inner.inlined);
+    }
+}
+
+impl<'ast> Visit<'ast> for Collector<'_> {
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
         // Receiver first: `client.transaction().await?.execute(…)` reads left to right.
         self.visit_expr(&call.receiver);
@@ -132,6 +169,9 @@ impl<'ast> Visit<'ast> for Collector {
                 && let Some(enqueue) = &self.enqueue
             {
                 self.statements.extend(enqueue.iter().cloned());
+            }
+            if let [name] = segments.as_slice() {
+                self.inline(name);
             }
         }
         syn::visit::visit_expr_call(self, call);
@@ -192,41 +232,53 @@ fn functions(source: &Source) -> anyhow::Result<Vec<Function>> {
     Ok(found)
 }
 
-fn find(source: &Source, name: &str) -> anyhow::Result<Function> {
-    functions(source)?
-        .into_iter()
+fn find<'f>(
+    functions: &'f [Function],
+    source: &Source,
+    name: &str,
+) -> anyhow::Result<&'f Function> {
+    functions
+        .iter()
         .find(|function| function.name == name)
         .with_context(|| format!("no function `{name}` in {}", source.path))
 }
 
-fn collect(function: &Function, enqueue: Option<Vec<String>>) -> Extracted {
+fn collect(function: &Function, enqueue: Option<Vec<String>>, siblings: &[Function]) -> Extracted {
     let mut collector = Collector {
         statements: Vec::new(),
         transactional: function.handed_transaction,
         enqueue,
+        siblings,
+        reading: vec![function.name.clone()],
+        inlined: Vec::new(),
     };
     collector.visit_block(&function.block);
     Extracted {
         statements: collector.statements,
         transactional: collector.transactional,
+        inlined: collector.inlined,
     }
 }
 
-/// The SQL of function `name` in `source`, with `outbox::enqueue` calls expanded.
+/// The SQL of function `name` in `source`, with `outbox::enqueue` calls expanded, and
+/// the statements of the same file's functions it calls read where it calls them.
 pub fn extract(source: &Source, name: &str) -> anyhow::Result<Extracted> {
     let enqueue = extract_plain(&OUTBOX, "enqueue")?.statements;
-    Ok(collect(&find(source, name)?, Some(enqueue)))
+    let all = functions(source)?;
+    Ok(collect(find(&all, source, name)?, Some(enqueue), &all))
 }
 
 pub(super) fn extract_plain(source: &Source, name: &str) -> anyhow::Result<Extracted> {
-    Ok(collect(&find(source, name)?, None))
+    let all = functions(source)?;
+    Ok(collect(find(&all, source, name)?, None, &[]))
 }
 
-/// Every function of `source` that runs SQL of its own, with that SQL.
+/// Every function of `source` that runs SQL of its own, with that SQL (without what the
+/// functions it calls run).
 pub fn functions_with_sql(source: &Source) -> anyhow::Result<Vec<(String, Extracted)>> {
     Ok(functions(source)?
-        .into_iter()
-        .map(|function| (function.name.clone(), collect(&function, None)))
+        .iter()
+        .map(|function| (function.name.clone(), collect(function, None, &[])))
         .filter(|(_, extracted)| !extracted.statements.is_empty())
         .collect())
 }
