@@ -1,10 +1,6 @@
-use clap::Parser;
-use payment_provider::{Application, Config};
+use payment_provider::Application;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = Config::parse();
-    saga::telemetry::init();
-    let app = Application::build(config).await?;
-    app.run_until_stopped(saga::shutdown::on_signal()).await
+    saga::binary::run(Application::build, Application::run_until_stopped).await
 }

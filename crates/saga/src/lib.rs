@@ -26,14 +26,15 @@
 //!   `FAILPOINTS` arms them.
 //! - [`redrive`]: sends dead letters back to their topics once the cause is fixed (the
 //!   `redrive-dlq` binary).
-//! - [`db`], [`kafka`], [`config`], [`telemetry`], [`shutdown`], [`http`], [`service`]:
-//!   plumbing shared by the three services.
+//! - [`db`], [`kafka`], [`config`], [`telemetry`], [`shutdown`], [`http`], [`service`],
+//!   [`binary`]: plumbing shared by the three services.
 //!
 //! What the saga does **not** promise: exactly-once delivery (every event may arrive
 //! more than once, and the handlers make that harmless), or automatic rollback (a failed
 //! order is moved *forward* to `cancelled`, not undone).
 
 pub mod backoff;
+pub mod binary;
 pub mod config;
 pub mod consumer;
 pub mod db;
