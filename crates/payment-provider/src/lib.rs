@@ -27,9 +27,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use clap::Parser;
-use clap::builder::TypedValueParser as _;
 use deadpool_postgres::Pool;
-use saga::config::{KeyConfig, PruneConfig};
+use saga::config::{KeyConfig, PruneConfig, at_least_one};
 use saga::retention::Target;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -62,8 +61,7 @@ pub struct Config {
     pub database_url: String,
 
     /// Connections for the HTTP handlers.
-    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8, value_parser = at_least_one())]
     pub database_pool_size: usize,
 
     /// Where the API listens; port 0 picks a free port.

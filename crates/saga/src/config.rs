@@ -5,9 +5,15 @@
 use std::time::Duration;
 
 use clap::Args;
-use clap::builder::TypedValueParser as _;
+use clap::builder::TypedValueParser;
 
 use crate::retention::{Pace, Pruner, Target, Window};
+
+/// A count of connections or requests: zero would be a pool that never hands out a
+/// connection, or a limit that refuses every request, so it is refused at start-up.
+pub fn at_least_one() -> impl TypedValueParser<Value = usize> {
+    clap::value_parser!(u32).range(1..).map(|n| n as usize)
+}
 
 #[derive(Clone, Args)]
 pub struct DatabaseConfig {
@@ -17,14 +23,12 @@ pub struct DatabaseConfig {
     pub database_url: String,
 
     /// Connections for the HTTP handlers.
-    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8, value_parser = at_least_one())]
     pub database_pool_size: usize,
 
     /// Connections for the consumer's partitions, apart from the HTTP handlers' so a
     /// burst of requests cannot starve the saga's progress (and the other way round).
-    #[arg(long, env = "CONSUMER_POOL_SIZE", default_value_t = 4,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    #[arg(long, env = "CONSUMER_POOL_SIZE", default_value_t = 4, value_parser = at_least_one())]
     pub consumer_pool_size: usize,
 }
 
@@ -43,7 +47,7 @@ pub struct HttpLimits {
     /// Requests in progress at once; one more is refused at once with `503 overloaded`
     /// and `Retry-After`, rather than queued behind the others.
     #[arg(long, env = "HTTP_MAX_CONCURRENT_REQUESTS", default_value_t = DEFAULT_MAX_CONCURRENT_REQUESTS,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+          value_parser = at_least_one())]
     pub http_max_concurrent_requests: usize,
 }
 
