@@ -337,11 +337,16 @@ mod tests {
         assert!(matches!(err, EnvelopeError::NotJson(_)), "{err:?}");
     }
 
+    /// The event typed by hand with `amount` written in its payload's amount, parsed.
+    fn with_amount(amount: &str) -> Envelope {
+        Envelope::from_slice(TYPED_BY_HAND.replace("2598", amount).as_bytes()).unwrap()
+    }
+
     #[test]
     fn an_amount_past_i64_is_named() {
-        let raw = TYPED_BY_HAND.replace("2598", "99999999999999999999");
-        let envelope = Envelope::from_slice(raw.as_bytes()).unwrap();
-        let err = envelope.payload::<PaymentResult>().unwrap_err();
+        let err = with_amount("99999999999999999999")
+            .payload::<PaymentResult>()
+            .unwrap_err();
         assert!(err.to_string().contains("amount_cents"), "{err}");
     }
 
@@ -349,16 +354,15 @@ mod tests {
     /// number parsed one ulp away from where its own output parses.
     #[test]
     fn a_number_in_the_payload_survives_a_round_trip_exactly() {
-        let raw = TYPED_BY_HAND.replace("2598", "94999999999999999499999");
-        let envelope = Envelope::from_slice(raw.as_bytes()).unwrap();
+        let envelope = with_amount("94999999999999999499999");
         assert_eq!(Envelope::from_slice(&envelope.to_json()).unwrap(), envelope);
     }
 
     #[test]
     fn a_payload_field_of_the_wrong_type_is_named_with_its_path() {
-        let raw = TYPED_BY_HAND.replace("2598", "\"lots\"");
-        let envelope = Envelope::from_slice(raw.as_bytes()).unwrap();
-        let err = envelope.payload::<PaymentResult>().unwrap_err();
+        let err = with_amount("\"lots\"")
+            .payload::<PaymentResult>()
+            .unwrap_err();
         assert!(err.to_string().contains("amount_cents"), "{err}");
     }
 }
