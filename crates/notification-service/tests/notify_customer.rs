@@ -2,7 +2,7 @@
 
 use notification_service::NotifyCustomer;
 use saga::{Applier, Envelope, Outcome, Topics};
-use saga_testkit::TestDatabase;
+use saga_testkit::{TestDatabase, race};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -178,9 +178,7 @@ async fn two_outcomes_for_one_order_applied_concurrently_notify_exactly_once() {
         let first = outcome_event(&format!("a-{round}"), "order.confirmed", order_id);
         let second = outcome_event(&format!("b-{round}"), "order.cancelled", order_id);
 
-        let (x, y) = tokio::join!(a.apply(&first), b.apply(&second));
-        let mut outcomes = [x.unwrap().as_str(), y.unwrap().as_str()];
-        outcomes.sort();
+        let outcomes = race::outcomes((&a, &first), (&b, &second)).await;
 
         assert_eq!(outcomes, ["applied", "guarded"], "round {round}");
         assert_eq!(notifications(&db, order_id).await, 1, "round {round}");

@@ -26,6 +26,7 @@ use uuid::Uuid;
 pub use saga::kafka::header;
 
 pub mod provider;
+pub mod race;
 
 /// Test databases are named with this prefix; `scripts/test` drops leftovers.
 pub const DATABASE_PREFIX: &str = "saga_test_";
