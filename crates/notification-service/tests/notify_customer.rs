@@ -14,6 +14,11 @@ async fn database() -> TestDatabase {
     .await
 }
 
+/// NotifyCustomer as the consumer applies it, each event in a transaction of its own.
+fn handler(db: &TestDatabase) -> Applier<NotifyCustomer> {
+    Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")))
+}
+
 fn outcome_event(id: &str, event_type: &str, order_id: Uuid) -> Envelope {
     let raw = saga_testkit::envelope(
         id,
@@ -43,7 +48,7 @@ async fn sent_events(db: &TestDatabase, order_id: Uuid) -> i64 {
 #[tokio::test]
 async fn a_confirmed_order_notifies_the_customer() {
     let db = database().await;
-    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
+    let handler = handler(&db);
     let order_id = Uuid::new_v4();
 
     let outcome = handler
@@ -84,7 +89,7 @@ async fn a_confirmed_order_notifies_the_customer() {
 #[tokio::test]
 async fn a_cancelled_order_tells_the_customer_why() {
     let db = database().await;
-    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
+    let handler = handler(&db);
     let order_id = Uuid::new_v4();
 
     handler
@@ -111,7 +116,7 @@ async fn a_cancelled_order_tells_the_customer_why() {
 #[tokio::test]
 async fn the_same_event_twice_notifies_once() {
     let db = database().await;
-    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
+    let handler = handler(&db);
     let order_id = Uuid::new_v4();
     let event = outcome_event("same", "order.confirmed", order_id);
 
@@ -135,7 +140,7 @@ async fn the_same_event_twice_notifies_once() {
 #[tokio::test]
 async fn a_redelivery_after_its_id_was_pruned_notifies_nothing() {
     let db = database().await;
-    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
+    let handler = handler(&db);
     let order_id = Uuid::new_v4();
     let event = outcome_event("outcome-pruned", "order.confirmed", order_id);
     assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
@@ -151,7 +156,7 @@ async fn a_redelivery_after_its_id_was_pruned_notifies_nothing() {
 #[tokio::test]
 async fn a_second_outcome_with_a_new_id_does_not_notify_again() {
     let db = database().await;
-    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
+    let handler = handler(&db);
     let order_id = Uuid::new_v4();
     handler
         .apply(&outcome_event("first", "order.confirmed", order_id))
@@ -171,8 +176,7 @@ async fn a_second_outcome_with_a_new_id_does_not_notify_again() {
 #[tokio::test]
 async fn two_outcomes_for_one_order_applied_concurrently_notify_exactly_once() {
     let db = database().await;
-    let a = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
-    let b = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
+    let (a, b) = (handler(&db), handler(&db));
     for round in 0..60 {
         let order_id = Uuid::new_v4();
         let first = outcome_event(&format!("a-{round}"), "order.confirmed", order_id);
@@ -189,7 +193,7 @@ async fn two_outcomes_for_one_order_applied_concurrently_notify_exactly_once() {
 #[tokio::test]
 async fn order_created_is_not_a_notification() {
     let db = database().await;
-    let handler = Applier::new(db.pool.clone(), NotifyCustomer::new(Topics::new("")));
+    let handler = handler(&db);
     let order_id = Uuid::new_v4();
 
     let outcome = handler

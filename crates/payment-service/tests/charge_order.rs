@@ -119,6 +119,19 @@ impl Fixture {
             charges[0]["id"].as_str()
         );
     }
+
+    /// What a copy stopped by a guard leaves: the order paid, announced and charged once,
+    /// and the provider called only by the first.
+    async fn guarded_after_one_charge(&self, order_id: Uuid, amount_cents: i64) {
+        assert_eq!(self.payments(order_id).await, 1);
+        assert_eq!(self.results(order_id).await.len(), 1);
+        self.charged_once(order_id, amount_cents).await;
+        assert_eq!(
+            self.provider.stats().await["calls"],
+            1,
+            "a charged order makes no call"
+        );
+    }
 }
 
 /// A new order's `order.created` as order-service writes it: its id is the order's.
@@ -243,14 +256,7 @@ async fn a_redelivery_after_its_id_was_pruned_charges_nothing() {
     let outcome = handler.apply(&event).await.unwrap();
 
     assert_eq!(outcome, Outcome::Guarded);
-    assert_eq!(f.payments(order_id).await, 1);
-    assert_eq!(f.results(order_id).await.len(), 1);
-    f.charged_once(order_id, 2598).await;
-    assert_eq!(
-        f.provider.stats().await["calls"],
-        1,
-        "a charged order makes no call"
-    );
+    f.guarded_after_one_charge(order_id, 2598).await;
 }
 
 #[tokio::test]
@@ -269,14 +275,7 @@ async fn a_second_order_created_with_a_new_id_does_not_charge_again() {
         .unwrap();
 
     assert_eq!(outcome, Outcome::Guarded);
-    assert_eq!(f.payments(order_id).await, 1);
-    assert_eq!(f.results(order_id).await.len(), 1);
-    f.charged_once(order_id, 2598).await;
-    assert_eq!(
-        f.provider.stats().await["calls"],
-        1,
-        "a charged order makes no call"
-    );
+    f.guarded_after_one_charge(order_id, 2598).await;
 }
 
 #[tokio::test]
