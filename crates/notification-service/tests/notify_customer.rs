@@ -45,6 +45,12 @@ async fn sent_events(db: &TestDatabase, order_id: Uuid) -> i64 {
     .await
 }
 
+/// One notification for the order, and one `notification.sent` announcing it.
+async fn notified_once(db: &TestDatabase, order_id: Uuid) {
+    assert_eq!(notifications(db, order_id).await, 1);
+    assert_eq!(sent_events(db, order_id).await, 1);
+}
+
 #[tokio::test]
 async fn a_confirmed_order_notifies_the_customer() {
     let db = database().await;
@@ -123,8 +129,7 @@ async fn the_same_event_twice_notifies_once() {
     assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Applied);
     assert_eq!(handler.apply(&event).await.unwrap(), Outcome::Duplicate);
 
-    assert_eq!(notifications(&db, order_id).await, 1);
-    assert_eq!(sent_events(&db, order_id).await, 1);
+    notified_once(&db, order_id).await;
     assert_eq!(
         db.count(
             "SELECT count(*) FROM processed_events WHERE event_id = 'same'",
@@ -149,8 +154,7 @@ async fn a_redelivery_after_its_id_was_pruned_notifies_nothing() {
     let outcome = handler.apply(&event).await.unwrap();
 
     assert_eq!(outcome, Outcome::Guarded);
-    assert_eq!(notifications(&db, order_id).await, 1);
-    assert_eq!(sent_events(&db, order_id).await, 1);
+    notified_once(&db, order_id).await;
 }
 
 #[tokio::test]
@@ -169,8 +173,7 @@ async fn a_second_outcome_with_a_new_id_does_not_notify_again() {
         .unwrap();
 
     assert_eq!(outcome, Outcome::Guarded);
-    assert_eq!(notifications(&db, order_id).await, 1);
-    assert_eq!(sent_events(&db, order_id).await, 1);
+    notified_once(&db, order_id).await;
 }
 
 #[tokio::test]
