@@ -11,6 +11,7 @@
 
 use deadpool_postgres::Pool;
 use saga::events::{self, NotificationSent, OrderOutcome};
+use saga::inbox;
 use saga::outbox::{self, NewEvent};
 use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, Transaction};
 
@@ -87,6 +88,19 @@ pub fn message(outcome: &OrderOutcome, confirmed: bool) -> String {
     }
 }
 
+/// Guard 2, and the state change: the notification row is the lock.
+pub const INSERT_NOTIFICATION: &str = "
+    INSERT INTO notifications (order_id, event_id, customer_id, outcome, message)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (order_id) DO NOTHING";
+
+/// Tells the customer about `outcome` in `tx`, which the consumer opened and commits when
+/// this returns `Ok`, whatever the outcome.
+///
+/// Its statements are named constants ([`inbox::CLAIM_EVENT`], [`INSERT_NOTIFICATION`],
+/// the outbox's), each prepared once per pooled connection: the benchmark's `notify`
+/// script runs the same constants, in this order, as the ceiling it measures the service
+/// against (`crates/bench/src/sql/transactions.rs`).
 #[tracing::instrument(skip_all, fields(order_id = %outcome.order_id, event_id = %event.id))]
 pub async fn notify_customer(
     tx: &Transaction<'_>,
@@ -96,41 +110,15 @@ pub async fn notify_customer(
     confirmed: bool,
 ) -> Result<Outcome, HandlerError> {
     let text = message(outcome, confirmed);
-    // Each statement is prepared once per pooled connection (`prepare_cached`), not on
-    // every call: parsing and planning it again, and the extra round trip that takes,
-    // cost more than running it. The caller opened `tx` (its BEGIN goes out with the
-    // first statement) and commits it when this returns `Ok`, whatever the outcome; the
-    // writes whose result nothing reads go out with that COMMIT (`Transaction::pipeline`).
-
     // Guard 1: have we handled this very event before?
-    let claimed = tx
-        .execute(
-            &tx.prepare_cached(
-                "INSERT INTO processed_events (event_id, topic, partition, kafka_offset)
-                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-            )
-            .await?,
-            &[
-                &event.id,
-                &event.delivery.topic,
-                &event.delivery.partition,
-                &event.delivery.offset,
-            ],
-        )
-        .await?;
-    if claimed == 0 {
+    if !inbox::claim(tx, event).await? {
         return Ok(Outcome::Duplicate);
     }
 
     // Guard 2: has this customer been told about this order already?
     let inserted = tx
         .execute(
-            &tx.prepare_cached(
-                "INSERT INTO notifications (order_id, event_id, customer_id, outcome, message)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (order_id) DO NOTHING",
-            )
-            .await?,
+            &tx.prepare_cached(INSERT_NOTIFICATION).await?,
             &[
                 &outcome.order_id,
                 &event.id,

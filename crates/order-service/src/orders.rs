@@ -120,6 +120,44 @@ pub enum PlaceOrderError {
     Pool(#[from] deadpool_postgres::PoolError),
 }
 
+// `place_order`'s statements, in the order it runs them. The benchmark's `create` and
+// `create keyed` scripts run these same constants, and the outbox's, as the ceiling it
+// measures the endpoint against (`crates/bench/src/sql/transactions.rs`).
+
+/// The catalog's prices of the order's products, and the transaction's start, which is
+/// the order's time.
+pub const PRICES: &str =
+    "SELECT id, price_cents, now() AS placed_at FROM products WHERE id = ANY($1)";
+
+/// How long a request waits for another holding its `Idempotency-Key`.
+pub const KEY_WAIT: &str = "SELECT set_config('lock_timeout', $1, true)";
+
+/// Claims the key with the answer this request is about to give; takes over an expired
+/// one. No row back: the key was claimed before, by a request now committed.
+pub const CLAIM_KEY: &str = "
+    INSERT INTO idempotency_keys (key, fingerprint, order_id, response_status, response_body)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (key) DO UPDATE
+       SET fingerprint = EXCLUDED.fingerprint, order_id = EXCLUDED.order_id,
+           response_status = EXCLUDED.response_status,
+           response_body = EXCLUDED.response_body, created_at = now()
+     WHERE idempotency_keys.created_at <= now() - make_interval(secs => $6)
+    RETURNING key";
+
+/// The answer stored with a key claimed before: a replay reads it back.
+pub const STORED_ANSWER: &str = "
+    SELECT fingerprint, order_id, response_status, response_body
+      FROM idempotency_keys WHERE key = $1";
+
+pub const INSERT_ORDER: &str = "
+    INSERT INTO orders (id, customer_id, status, amount_cents, created_at, updated_at)
+    VALUES ($1, $2, 'pending', $3, $4, $4)";
+
+/// Every line of the order in one statement: a column of values per field.
+pub const INSERT_ITEMS: &str = "
+    INSERT INTO order_items (order_id, product_id, quantity, unit_price_cents)
+    SELECT $1, * FROM UNNEST($2::uuid[], $3::int[], $4::bigint[])";
+
 /// Places a `pending` order priced from the catalog and, in the same transaction, its
 /// `order.created` event, whose id is the order's id.
 ///
@@ -138,10 +176,9 @@ pub async fn place_order(
     keyed: Option<Keyed<'_>>,
 ) -> Result<Placed, PlaceOrderError> {
     let client = pool.get().await?;
-    // Each statement is prepared once per pooled connection (`prepare_cached`), not on
-    // every call: parsing and planning it again, and the extra round trip that takes,
-    // cost more than running it. The BEGIN goes out with the first statement, and the
-    // writes whose result nothing reads with the COMMIT (`Transaction::pipeline`).
+    // Each statement is prepared once per pooled connection, not parsed and planned on
+    // every call. The BEGIN goes out with the first statement, and the writes whose
+    // result nothing reads with the COMMIT (`Transaction::pipeline`).
     let tx = Transaction::begin(&client).waking(relay);
 
     let order = price(&tx, customer_id, lines).await?;
@@ -153,26 +190,11 @@ pub async fn place_order(
         // and places the order itself); lock_timeout bounds that wait. Zero would mean no
         // bound, so the shortest wait is a millisecond.
         let wait = format!("{}ms", keyed.wait.as_millis().max(1));
-        tx.pipeline(
-            tx.prepare_cached("SELECT set_config('lock_timeout', $1, true)")
-                .await?,
-            vec![Box::new(wait)],
-        );
+        tx.pipeline(tx.prepare_cached(KEY_WAIT).await?, vec![Box::new(wait)]);
         // An expired key is a new request: its row is taken over, not replayed.
         let claimed = tx
             .query_opt(
-                &tx.prepare_cached(
-                    "INSERT INTO idempotency_keys
-                         (key, fingerprint, order_id, response_status, response_body)
-                     VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (key) DO UPDATE
-                        SET fingerprint = EXCLUDED.fingerprint, order_id = EXCLUDED.order_id,
-                            response_status = EXCLUDED.response_status,
-                            response_body = EXCLUDED.response_body, created_at = now()
-                      WHERE idempotency_keys.created_at <= now() - make_interval(secs => $6)
-                     RETURNING key",
-                )
-                .await?,
+                &tx.prepare_cached(CLAIM_KEY).await?,
                 &[
                     &keyed.key.as_str(),
                     &keyed.fingerprint.as_bytes(),
@@ -192,22 +214,8 @@ pub async fn place_order(
         }
     }
 
-    tx.pipeline(
-        tx.prepare_cached(
-            "INSERT INTO orders (id, customer_id, status, amount_cents, created_at, updated_at)
-             VALUES ($1, $2, 'pending', $3, $4, $4)",
-        )
-        .await?,
-        order_row(&order),
-    );
-    tx.pipeline(
-        tx.prepare_cached(
-            "INSERT INTO order_items (order_id, product_id, quantity, unit_price_cents)
-             SELECT $1, * FROM UNNEST($2::uuid[], $3::int[], $4::bigint[])",
-        )
-        .await?,
-        item_rows(&order),
-    );
+    tx.pipeline(tx.prepare_cached(INSERT_ORDER).await?, order_row(&order));
+    tx.pipeline(tx.prepare_cached(INSERT_ITEMS).await?, item_rows(&order));
     let order_key = order.id.to_string();
     outbox::enqueue(
         &tx,
@@ -237,13 +245,7 @@ async fn price(
     // written, so that the answer stored with the key is the one the commit makes true.
     let product_ids: Vec<Uuid> = lines.iter().map(|l| l.product_id).collect();
     let prices = tx
-        .query(
-            &tx.prepare_cached(
-                "SELECT id, price_cents, now() AS placed_at FROM products WHERE id = ANY($1)",
-            )
-            .await?,
-            &[&product_ids],
-        )
+        .query(&tx.prepare_cached(PRICES).await?, &[&product_ids])
         .await?;
     let mut items = Vec::with_capacity(lines.len());
     for (index, line) in lines.iter().enumerate() {
@@ -282,11 +284,7 @@ async fn price(
 async fn replay(tx: &Transaction<'_>, keyed: &Keyed<'_>) -> Result<Placed, PlaceOrderError> {
     let stored = tx
         .query_opt(
-            &tx.prepare_cached(
-                "SELECT fingerprint, order_id, response_status, response_body
-                   FROM idempotency_keys WHERE key = $1",
-            )
-            .await?,
+            &tx.prepare_cached(STORED_ANSWER).await?,
             &[&keyed.key.as_str()],
         )
         .await?

@@ -163,6 +163,36 @@ struct Decided {
     replayed: bool,
 }
 
+// `charge`'s statements, in the order it runs them. The benchmark's `provider` script
+// runs these same constants as the provider's part of every order's cost
+// (`crates/bench/src/sql/transactions.rs`).
+
+/// The charge's time (the transaction's start), and how long a call waits for another
+/// holding its key.
+pub const KEY_WAIT: &str = "SELECT now(), set_config('lock_timeout', $1, true)";
+
+/// Claims the key with the answer this call is about to give; takes over an expired one.
+/// No row back: the key was claimed before, by a call now committed.
+pub const CLAIM_KEY: &str = "
+    INSERT INTO idempotency_keys (key, fingerprint, charge_id, response_status, response_body)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (key) DO UPDATE
+       SET fingerprint = EXCLUDED.fingerprint, charge_id = EXCLUDED.charge_id,
+           response_status = EXCLUDED.response_status,
+           response_body = EXCLUDED.response_body, created_at = now()
+     WHERE idempotency_keys.created_at <= now() - make_interval(secs => $6)
+    RETURNING key";
+
+/// The answer stored with a key claimed before: a replay reads it back.
+pub const STORED_ANSWER: &str = "
+    SELECT fingerprint, charge_id, response_status, response_body
+      FROM idempotency_keys WHERE key = $1";
+
+pub const INSERT_CHARGE: &str = "
+    INSERT INTO charges (id, reference, amount_cents, currency, status,
+                         failure_code, failure_message, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+
 /// Decides a charge and stores it with the key and the answer, in one transaction; or
 /// finds the answer the key already has. A second call with the same key blocks on the
 /// key's insert until the first commits (it then replays its answer) or rolls back (it
@@ -182,11 +212,7 @@ async fn charge(
     // transaction's start: the charge's time, known before anything is written.
     let wait = format!("{}ms", rules.key_wait.as_millis().max(1));
     let created_at: OffsetDateTime = tx
-        .query_one(
-            &tx.prepare_cached("SELECT now(), set_config('lock_timeout', $1, true)")
-                .await?,
-            &[&wait],
-        )
+        .query_one(&tx.prepare_cached(KEY_WAIT).await?, &[&wait])
         .await?
         .get(0);
     let (charge, status, body) = decide(request, rules.limit_cents, created_at);
@@ -194,18 +220,7 @@ async fn charge(
     // An expired key is a new request: its row is taken over, not replayed.
     let claimed = tx
         .query_opt(
-            &tx.prepare_cached(
-                "INSERT INTO idempotency_keys
-                     (key, fingerprint, charge_id, response_status, response_body)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (key) DO UPDATE
-                    SET fingerprint = EXCLUDED.fingerprint, charge_id = EXCLUDED.charge_id,
-                        response_status = EXCLUDED.response_status,
-                        response_body = EXCLUDED.response_body, created_at = now()
-                  WHERE idempotency_keys.created_at <= now() - make_interval(secs => $6)
-                 RETURNING key",
-            )
-            .await?,
+            &tx.prepare_cached(CLAIM_KEY).await?,
             &[
                 &key.as_str(),
                 &fingerprint.as_bytes(),
@@ -223,15 +238,7 @@ async fn charge(
     if claimed.is_none() {
         return replay(&tx, key, fingerprint).await;
     }
-    tx.pipeline(
-        tx.prepare_cached(
-            "INSERT INTO charges (id, reference, amount_cents, currency, status,
-                                  failure_code, failure_message, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .await?,
-        charge_row(&charge),
-    );
+    tx.pipeline(tx.prepare_cached(INSERT_CHARGE).await?, charge_row(&charge));
     tx.commit().await?;
     Ok(Decided {
         status,
@@ -286,14 +293,7 @@ async fn replay(
     fingerprint: Fingerprint,
 ) -> Result<Decided, ProviderError> {
     let stored = tx
-        .query_opt(
-            &tx.prepare_cached(
-                "SELECT fingerprint, charge_id, response_status, response_body
-                   FROM idempotency_keys WHERE key = $1",
-            )
-            .await?,
-            &[&key.as_str()],
-        )
+        .query_opt(&tx.prepare_cached(STORED_ANSWER).await?, &[&key.as_str()])
         .await?
         // Deleted since the insert saw it: expired and pruned; the caller retries.
         .ok_or(ProviderError::IdempotencyKeyInUse)?;

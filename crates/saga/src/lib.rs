@@ -13,6 +13,8 @@
 //!   optional batches, backoff, dead letters, graceful stop.
 //! - [`transaction`]: the handlers' [`Transaction`], pipelined: `BEGIN` goes out with the
 //!   first statement, and writes whose result nobody reads with the next one or `COMMIT`.
+//! - [`inbox`]: guard 1, [`inbox::claim`], each handler's first statement: a redelivered
+//!   event's id is found there and the event goes no further.
 //! - [`outbox`]: [`outbox::enqueue`] inside the handler's transaction, and the
 //!   [`OutboxRelay`] that publishes committed rows.
 //! - [`local_relay`]: how a transaction wakes its own process's relay ([`LocalRelay`]),
@@ -44,6 +46,7 @@ pub mod failpoint;
 pub mod handler;
 pub mod http;
 pub mod idempotency;
+pub mod inbox;
 pub mod kafka;
 pub mod local_relay;
 pub mod metrics;

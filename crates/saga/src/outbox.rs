@@ -48,6 +48,17 @@ pub struct NewEvent<'a, P: Serialize> {
     pub caused_by: Option<&'a str>,
 }
 
+/// Tells the outbox's trigger not to NOTIFY for the rest of the transaction: its relay
+/// is woken in memory instead. The benchmark's scripts run it once per transaction, as
+/// [`enqueue`] does.
+pub const SKIP_NOTIFY: &str = "SELECT set_config('saga.outbox_notify', 'off', true)";
+
+/// An event into the outbox, in the transaction that changes the state it announces.
+/// Every handler's last statement, and every benchmark script's.
+pub const INSERT_EVENT: &str = "
+    INSERT INTO outbox (event_id, topic, key, type, payload, caused_by)
+    VALUES ($1, $2, $3, $4, $5, $6)";
+
 /// Inserts `event` into the outbox inside `tx`. A second event with the same id violates
 /// the `event_id` unique constraint: the database itself refuses to announce a
 /// deterministic event twice.
@@ -68,18 +79,9 @@ pub async fn enqueue<P: Serialize>(
     if tx.first_row_without_notify() {
         // Transaction-local, once per transaction (a batch writes many rows): the pooled
         // session NOTIFYs again in its next transaction unless that one says otherwise.
-        tx.pipeline(
-            tx.prepare_cached("SELECT set_config('saga.outbox_notify', 'off', true)")
-                .await?,
-            Vec::new(),
-        );
+        tx.pipeline(tx.prepare_cached(SKIP_NOTIFY).await?, Vec::new());
     }
-    let insert = tx
-        .prepare_cached(
-            "INSERT INTO outbox (event_id, topic, key, type, payload, caused_by)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .await?;
+    let insert = tx.prepare_cached(INSERT_EVENT).await?;
     let payload = serde_json::to_value(event.payload)
         .expect("event payloads are plain structs and serialize");
     tx.pipeline(
@@ -391,38 +393,39 @@ impl OutboxRelay {
     }
 }
 
+/// Marks the rows the broker acknowledged since the last look (`$1`) and reads up to a
+/// batch of unpublished rows after them, oldest first: one round trip and one transaction
+/// per look. The read does not see the marks made by its own statement, hence
+/// `id <> ALL($1)`; the partial index on `published_at IS NULL` holds exactly the rows it
+/// wants. The benchmark's `relay` script runs it against a backlog.
+pub const MARK_AND_READ: &str = "
+    WITH marked AS (
+        UPDATE outbox SET published_at = now() WHERE id = ANY($1)
+    )
+    SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by
+      FROM outbox
+     WHERE published_at IS NULL AND id <> ALL($1)
+     ORDER BY id
+     LIMIT $2";
+
+/// Marks acknowledged rows alone: before a session ends.
+pub const MARK_PUBLISHED: &str = "UPDATE outbox SET published_at = now() WHERE id = ANY($1)";
+
 /// The relay's two statements, prepared once per session. Under load the relay looks at
 /// the outbox hundreds of times a second, and a statement given as text is parsed and
 /// planned again on every call, in a round trip of its own before the one that runs it.
 struct RelayStatements {
-    /// Marks the rows the broker acknowledged since the last look (`$1`) and reads up to
-    /// a batch of unpublished rows after them, oldest first: one round trip and one
-    /// transaction per look. The read does not see the marks made by its own statement,
-    /// hence `id <> ALL($1)`; the partial index on `published_at IS NULL` holds exactly
-    /// the rows it wants.
+    /// [`MARK_AND_READ`]
     mark_and_read: Statement,
-    /// Marks acknowledged rows alone: before a session ends.
+    /// [`MARK_PUBLISHED`]
     mark_published: Statement,
 }
 
 impl RelayStatements {
     async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
         Ok(Self {
-            mark_and_read: client
-                .prepare(
-                    "WITH marked AS (
-                         UPDATE outbox SET published_at = now() WHERE id = ANY($1)
-                     )
-                     SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by
-                       FROM outbox
-                      WHERE published_at IS NULL AND id <> ALL($1)
-                      ORDER BY id
-                      LIMIT $2",
-                )
-                .await?,
-            mark_published: client
-                .prepare("UPDATE outbox SET published_at = now() WHERE id = ANY($1)")
-                .await?,
+            mark_and_read: client.prepare(MARK_AND_READ).await?,
+            mark_published: client.prepare(MARK_PUBLISHED).await?,
         })
     }
 }

@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use anyhow::{Context as _, bail};
 
-/// The start of the statement by which a transaction's first outbox row turns the
-/// NOTIFY off for the rest of it (`crates/saga/src/outbox.rs`).
-const NOTIFY_OFF: &str = "SELECT set_config('saga.outbox_notify'";
+/// The statement by which a transaction's first outbox row turns the NOTIFY off for the
+/// rest of it.
+const NOTIFY_OFF: &str = saga::outbox::SKIP_NOTIFY;
 
 /// A transaction's `script` as a consumer applies it in batches: `events` events in one
 /// transaction, each event's statements in turn with values of its own (each variable
@@ -53,7 +53,7 @@ pub fn batched(script: &str, events: u32) -> anyhow::Result<String> {
         .any(|statement| statement.starts_with(NOTIFY_OFF))
     {
         bail!(
-            "no `{NOTIFY_OFF}` in the transaction, to run once a batch: update crates/bench/src/sql.rs\n{script}"
+            "no `{NOTIFY_OFF}` in the transaction, to run once a batch: update crates/bench/src/sql/transactions.rs\n{script}"
         );
     }
     let event = |statement: &str, k: u32| {

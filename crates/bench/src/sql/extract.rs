@@ -1,5 +1,6 @@
-//! Reading the handlers' statements: each function's SQL parsed out of its source file
-//! with `syn`, and the outbox's constants the relay runs with.
+//! Reading the handlers' statements: the named constants each function runs, in the order
+//! it runs them, parsed out of its source file with `syn`, and the outbox's constants the
+//! relay runs with.
 
 use anyhow::{Context as _, bail};
 use syn::visit::Visit;
@@ -26,6 +27,10 @@ pub const NOTIFY_CUSTOMER: Source = Source {
     path: "crates/notification-service/src/notify_customer.rs",
     text: include_str!("../../../notification-service/src/notify_customer.rs"),
 };
+pub const INBOX: Source = Source {
+    path: "crates/saga/src/inbox.rs",
+    text: include_str!("../../../saga/src/inbox.rs"),
+};
 pub const OUTBOX: Source = Source {
     path: "crates/saga/src/outbox.rs",
     text: include_str!("../../../saga/src/outbox.rs"),
@@ -36,11 +41,12 @@ pub const PROVIDER_CHARGES: Source = Source {
 };
 
 /// Every source file above, for the drift check.
-pub const SOURCES: [&Source; 6] = [
+pub const SOURCES: [&Source; 7] = [
     &ORDERS,
     &APPLY_PAYMENT_RESULT,
     &CHARGE_ORDER,
     &NOTIFY_CUSTOMER,
+    &INBOX,
     &OUTBOX,
     &PROVIDER_CHARGES,
 ];
@@ -65,6 +71,10 @@ pub const NOT_BENCHMARKED: [(&str, &str); 4] = [
     ),
 ];
 
+/// The library's modules whose functions a handler calls to run their statements in its
+/// transaction (`inbox::claim`, `outbox::enqueue`), and whose constants it may name.
+const LIBRARY: [(&str, &Source); 2] = [("inbox", &INBOX), ("outbox", &OUTBOX)];
+
 /// Client methods whose first argument is a statement.
 const QUERY_METHODS: [&str; 9] = [
     "execute",
@@ -81,7 +91,7 @@ const QUERY_METHODS: [&str; 9] = [
 /// What one function of a source file does with the database, in source order.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Extracted {
-    /// The statements, each as written in the source.
+    /// The statements, each the text of the constant (or literal) the code runs.
     pub statements: Vec<String>,
     /// Whether it runs in a transaction: opens one (`client.transaction()`) or is handed
     /// one (a `&Transaction` parameter: a handler's, opened by the consumer's `Applier`).
@@ -94,8 +104,11 @@ pub struct Extracted {
 struct Collector<'s> {
     statements: Vec<String>,
     transactional: bool,
-    /// The outbox insert, spliced in where a handler calls `outbox::enqueue`.
-    enqueue: Option<Vec<String>>,
+    /// The file's `const NAME: &str = "…"` items: the statements a call names.
+    constants: &'s [(String, String)],
+    /// Whether a call to the library's `inbox::claim` or `outbox::enqueue` is read as
+    /// the statements it runs.
+    library_calls: bool,
     /// The other functions of the same file. A call to one is read where it is made, so
     /// that a transaction keeps its statements in order when a helper runs some of them
     /// (`price` in `place_order`, say).
@@ -117,7 +130,8 @@ impl Collector<'_> {
         let mut inner = Collector {
             statements: Vec::new(),
             transactional: false,
-            enqueue: self.enqueue.clone(),
+            constants: self.constants,
+            library_calls: self.library_calls,
             siblings: self.siblings,
             reading: [self.reading.clone(), vec![name.to_owned()]].concat(),
             inlined: Vec::new(),
@@ -141,12 +155,9 @@ impl<'ast> Visit<'ast> for Collector<'_> {
             self.transactional = true;
         }
         if QUERY_METHODS.contains(&method.as_str())
-            && let Some(syn::Expr::Lit(syn::ExprLit {
-                lit: syn::Lit::Str(sql),
-                ..
-            })) = call.args.first()
+            && let Some(sql) = call.args.first().and_then(|arg| self.statement(arg))
         {
-            self.statements.push(sql.value());
+            self.statements.push(sql);
         }
         for arg in &call.args {
             self.visit_expr(arg);
@@ -165,10 +176,14 @@ impl<'ast> Visit<'ast> for Collector<'_> {
             if segments.ends_with(&["Transaction".to_owned(), "begin".to_owned()]) {
                 self.transactional = true;
             }
-            if segments.ends_with(&["outbox".to_owned(), "enqueue".to_owned()])
-                && let Some(enqueue) = &self.enqueue
+            if self.library_calls
+                && let [.., module, function] = segments.as_slice()
+                && let Some((_, source)) = LIBRARY.iter().find(|(name, _)| name == module)
             {
-                self.statements.extend(enqueue.iter().cloned());
+                let called = extract_plain(source, function)
+                    .map(|extracted| extracted.statements)
+                    .unwrap_or_default();
+                self.statements.extend(called);
             }
             if let [name] = segments.as_slice() {
                 self.inline(name);
@@ -176,6 +191,63 @@ impl<'ast> Visit<'ast> for Collector<'_> {
         }
         syn::visit::visit_expr_call(self, call);
     }
+}
+
+impl Collector<'_> {
+    /// The statement `arg` is: a string literal, or a constant of this file or of the
+    /// library's modules (`inbox::CLAIM_EVENT`); `None` for anything else (a statement
+    /// prepared earlier and held in a variable).
+    fn statement(&self, arg: &syn::Expr) -> Option<String> {
+        match arg {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(sql),
+                ..
+            }) => Some(sql.value()),
+            syn::Expr::Path(path) => {
+                let segments: Vec<String> = path
+                    .path
+                    .segments
+                    .iter()
+                    .map(|s| s.ident.to_string())
+                    .collect();
+                match segments.as_slice() {
+                    [name] => lookup(self.constants, name),
+                    [.., module, name] => {
+                        let (_, source) = LIBRARY.iter().find(|(m, _)| m == module)?;
+                        lookup(&constants(source).ok()?, name)
+                    }
+                    [] => None,
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+fn lookup(constants: &[(String, String)], name: &str) -> Option<String> {
+    constants
+        .iter()
+        .find(|(constant, _)| constant == name)
+        .map(|(_, value)| value.clone())
+}
+
+/// The `const NAME: &str = "…"` items of `source`, by name.
+fn constants(source: &Source) -> anyhow::Result<Vec<(String, String)>> {
+    let file = syn::parse_file(source.text).with_context(|| format!("parsing {}", source.path))?;
+    Ok(file
+        .items
+        .into_iter()
+        .filter_map(|item| match item {
+            syn::Item::Const(constant) => match *constant.expr {
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(value),
+                    ..
+                }) => Some((constant.ident.to_string(), value.value())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect())
 }
 
 /// A function of a source file: its name, whether it is handed a transaction, its body.
@@ -243,11 +315,17 @@ fn find<'f>(
         .with_context(|| format!("no function `{name}` in {}", source.path))
 }
 
-fn collect(function: &Function, enqueue: Option<Vec<String>>, siblings: &[Function]) -> Extracted {
+fn collect(
+    function: &Function,
+    constants: &[(String, String)],
+    library_calls: bool,
+    siblings: &[Function],
+) -> Extracted {
     let mut collector = Collector {
         statements: Vec::new(),
         transactional: function.handed_transaction,
-        enqueue,
+        constants,
+        library_calls,
         siblings,
         reading: vec![function.name.clone()],
         inlined: Vec::new(),
@@ -260,25 +338,40 @@ fn collect(function: &Function, enqueue: Option<Vec<String>>, siblings: &[Functi
     }
 }
 
-/// The SQL of function `name` in `source`, with `outbox::enqueue` calls expanded, and
-/// the statements of the same file's functions it calls read where it calls them.
+/// The SQL of function `name` in `source`, with the library's `inbox::claim` and
+/// `outbox::enqueue` read as the statements they run, and the statements of the same
+/// file's functions it calls read where it calls them.
 pub fn extract(source: &Source, name: &str) -> anyhow::Result<Extracted> {
-    let enqueue = extract_plain(&OUTBOX, "enqueue")?.statements;
     let all = functions(source)?;
-    Ok(collect(find(&all, source, name)?, Some(enqueue), &all))
+    Ok(collect(
+        find(&all, source, name)?,
+        &constants(source)?,
+        true,
+        &all,
+    ))
 }
 
+/// The SQL function `name` runs itself, nothing it calls read.
 pub(super) fn extract_plain(source: &Source, name: &str) -> anyhow::Result<Extracted> {
     let all = functions(source)?;
-    Ok(collect(find(&all, source, name)?, None, &[]))
+    Ok(collect(
+        find(&all, source, name)?,
+        &constants(source)?,
+        false,
+        &[],
+    ))
 }
 
 /// Every function of `source` that runs SQL of its own, with that SQL (without what the
 /// functions it calls run).
 pub fn functions_with_sql(source: &Source) -> anyhow::Result<Vec<(String, Extracted)>> {
+    let constants = constants(source)?;
     Ok(functions(source)?
         .iter()
-        .map(|function| (function.name.clone(), collect(function, None, &[])))
+        .map(|function| {
+            let extracted = collect(function, &constants, false, &[]);
+            (function.name.clone(), extracted)
+        })
         .filter(|(_, extracted)| !extracted.statements.is_empty())
         .collect())
 }

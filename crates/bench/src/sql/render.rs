@@ -18,12 +18,11 @@ impl Transaction {
         let place = format!("{} `{}`", self.source.path, self.function);
         for skip in &self.skips {
             let before = extracted.statements.len();
-            extracted
-                .statements
-                .retain(|statement| !one_line(statement).starts_with(skip));
+            extracted.statements.retain(|statement| statement != skip);
             if extracted.statements.len() == before {
                 bail!(
-                    "{place} has no statement starting `{skip}` to leave out: update crates/bench/src/sql.rs"
+                    "{place} no longer runs `{}`, to leave out: update crates/bench/src/sql/transactions.rs",
+                    one_line(skip)
                 );
             }
         }
@@ -33,7 +32,7 @@ impl Transaction {
                 let extracted = extract(self.source, ahead.function)?;
                 if extracted.transactional {
                     bail!(
-                        "{place} runs in a transaction, the benchmark runs it autocommitted: update crates/bench/src/sql.rs"
+                        "{place} runs in a transaction, the benchmark runs it autocommitted: update crates/bench/src/sql/transactions.rs"
                     );
                 }
                 bound(&place, &extracted.statements, &ahead.bindings)?
@@ -74,7 +73,7 @@ impl Transaction {
 fn bound(place: &str, statements: &[String], bindings: &[Binding]) -> anyhow::Result<Vec<String>> {
     if statements.len() != bindings.len() {
         bail!(
-            "{place} runs {} statements, the benchmark binds {}: update crates/bench/src/sql.rs\n{}",
+            "{place} runs {} statements, the benchmark binds {}: update crates/bench/src/sql/transactions.rs\n{}",
             statements.len(),
             bindings.len(),
             statements
@@ -89,16 +88,16 @@ fn bound(place: &str, statements: &[String], bindings: &[Binding]) -> anyhow::Re
         .zip(bindings)
         .map(|(statement, binding)| {
             let sql = one_line(statement);
-            if !sql.starts_with(binding.starts_with) {
+            if statement != binding.statement {
                 bail!(
-                    "{place}: expected a statement starting `{}`, the code has `{sql}`: update crates/bench/src/sql.rs",
-                    binding.starts_with
+                    "{place}: the benchmark binds `{}` here, the code runs `{sql}`: update crates/bench/src/sql/transactions.rs",
+                    one_line(binding.statement)
                 );
             }
             let parameters = parameter_count(&sql);
             if parameters != binding.values.len() {
                 bail!(
-                    "{place}: `{sql}` takes {parameters} parameters, the benchmark binds {}: update crates/bench/src/sql.rs",
+                    "{place}: `{sql}` takes {parameters} parameters, the benchmark binds {}: update crates/bench/src/sql/transactions.rs",
                     binding.values.len()
                 );
             }

@@ -1,14 +1,20 @@
 //! The transactions the benchmark runs under pgbench: which handler function each is,
 //! and the values each of its statements is run with.
 
+use notification_service::notify_customer;
+use order_service::{apply_payment_result, orders};
+use payment_provider::charges;
+use payment_service::charge_order;
+use saga::{inbox, outbox};
+
 use super::extract::{
     APPLY_PAYMENT_RESULT, CHARGE_ORDER, Extracted, NOTIFY_CUSTOMER, ORDERS, OUTBOX,
     PROVIDER_CHARGES, Source, extract,
 };
 
-/// One statement's values: the words it must start with, and an SQL expression per `$n`.
+/// One statement's values: the handler's constant it binds, and an SQL expression per `$n`.
 pub struct Binding {
-    pub starts_with: &'static str,
+    pub statement: &'static str,
     pub values: Vec<String>,
 }
 
@@ -42,8 +48,8 @@ pub struct Transaction {
     pub variables: Vec<String>,
     /// What the handler runs before its transaction opens: ChargeOrder's read-ahead.
     pub ahead: Option<Ahead>,
-    /// Statements of the function that this transaction does not run, by their opening
-    /// words: those of another path through it (with a key or without, a replay).
+    /// Statements of the function that this transaction does not run: those of another
+    /// path through it (with a key or without, a replay).
     pub skips: Vec<&'static str>,
     pub bindings: Vec<Binding>,
 }
@@ -97,7 +103,7 @@ fn outbox(
     caused_by: String,
 ) -> Binding {
     Binding {
-        starts_with: "INSERT INTO outbox",
+        statement: outbox::INSERT_EVENT,
         values: vec![
             event_id,
             text(topic),
@@ -114,7 +120,7 @@ fn outbox(
 /// memory.
 fn without_notify() -> Binding {
     Binding {
-        starts_with: "SELECT set_config('saga.outbox_notify'",
+        statement: outbox::SKIP_NOTIFY,
         values: Vec::new(),
     }
 }
@@ -123,7 +129,7 @@ fn without_notify() -> Binding {
 /// same width as a real one's.
 fn claim(event_id: String, topic: &str) -> Binding {
     Binding {
-        starts_with: "INSERT INTO processed_events",
+        statement: inbox::CLAIM_EVENT,
         values: vec![
             event_id,
             text(topic),
@@ -136,11 +142,7 @@ fn claim(event_id: String, topic: &str) -> Binding {
 /// What `POST /v1/orders` runs for its `Idempotency-Key` alone, by their opening words:
 /// the key's wait (not the outbox's `set_config`, which the unkeyed request sends too),
 /// its claim, and the replay's read.
-const KEY_STATEMENTS: [&str; 3] = [
-    "SELECT set_config('lock_timeout'",
-    "INSERT INTO idempotency_keys",
-    "SELECT fingerprint",
-];
+const KEY_STATEMENTS: [&str; 3] = [orders::KEY_WAIT, orders::CLAIM_KEY, orders::STORED_ANSWER];
 
 impl Transaction {
     /// `POST /v1/orders` without a key: price lookup, order, items, `order.created` in the
@@ -185,18 +187,18 @@ impl Transaction {
             ahead: None,
             variables: vec![r"\set r random(1, 9000000000000000000)".into()],
             // Only a replay reads the stored answer back.
-            skips: vec!["SELECT fingerprint"],
+            skips: vec![orders::STORED_ANSWER],
             bindings: vec![
                 Binding {
-                    starts_with: "SELECT id, price_cents",
+                    statement: orders::PRICES,
                     values: vec![format!("ARRAY['{PRODUCT}']::uuid[]")],
                 },
                 Binding {
-                    starts_with: "SELECT set_config('lock_timeout'",
+                    statement: orders::KEY_WAIT,
                     values: vec![text("2000ms")],
                 },
                 Binding {
-                    starts_with: "INSERT INTO idempotency_keys",
+                    statement: orders::CLAIM_KEY,
                     values: vec![
                         key.into(),
                         "sha256((:r::text)::bytea)".into(),
@@ -207,7 +209,7 @@ impl Transaction {
                     ],
                 },
                 Binding {
-                    starts_with: "INSERT INTO orders",
+                    statement: orders::INSERT_ORDER,
                     values: vec![
                         ORDER_ID.into(),
                         text("bench-ceiling"),
@@ -216,7 +218,7 @@ impl Transaction {
                     ],
                 },
                 Binding {
-                    starts_with: "INSERT INTO order_items",
+                    statement: orders::INSERT_ITEMS,
                     values: vec![
                         ORDER_ID.into(),
                         format!("ARRAY['{PRODUCT}']"),
@@ -239,7 +241,7 @@ impl Transaction {
     /// These bindings without the key's statements.
     fn without_key_bindings(mut self) -> Self {
         self.bindings
-            .retain(|b| !KEY_STATEMENTS.iter().any(|s| b.starts_with.starts_with(s)));
+            .retain(|b| !KEY_STATEMENTS.contains(&b.statement));
         self
     }
 
@@ -255,7 +257,7 @@ impl Transaction {
             ahead: Some(Ahead {
                 function: "already_handled",
                 bindings: vec![Binding {
-                    starts_with: "SELECT EXISTS (SELECT 1 FROM processed_events",
+                    statement: charge_order::READ_AHEAD,
                     values: vec![format!("{ORDER_ID}::text"), ORDER_ID.into()],
                 }],
             }),
@@ -284,7 +286,7 @@ impl Transaction {
             bindings: vec![
                 claim(format!("{ORDER_ID}::text"), "orders"),
                 Binding {
-                    starts_with: "INSERT INTO payments",
+                    statement: charge_order::INSERT_PAYMENT,
                     values: vec![
                         ORDER_ID.into(),
                         format!("{ORDER_ID}::text"),
@@ -331,15 +333,15 @@ impl Transaction {
             variables: vec![r"\set r random(1, 9000000000000000000)".into()],
             ahead: None,
             // Only a replay reads the stored answer back.
-            skips: vec!["SELECT fingerprint"],
+            skips: vec![charges::STORED_ANSWER],
             bindings: vec![
                 Binding {
-                    starts_with: "SELECT now(), set_config('lock_timeout'",
+                    statement: charges::KEY_WAIT,
                     // The provider's default IDEMPOTENCY_KEY_WAIT.
                     values: vec![text("2000ms")],
                 },
                 Binding {
-                    starts_with: "INSERT INTO idempotency_keys",
+                    statement: charges::CLAIM_KEY,
                     values: vec![
                         // `<order id>:charge`, its length kept; `-` for the `:` pgbench
                         // would misread.
@@ -352,7 +354,7 @@ impl Transaction {
                     ],
                 },
                 Binding {
-                    starts_with: "INSERT INTO charges",
+                    statement: charges::INSERT_CHARGE,
                     values: vec![
                         charge_id,
                         format!("{ORDER_ID}::text"),
@@ -393,16 +395,16 @@ impl Transaction {
             bindings: vec![
                 claim(format!("{ORDER_ID}::text || '-payment'"), "payments"),
                 Binding {
-                    starts_with: "SELECT status, customer_id, amount_cents FROM orders",
+                    statement: apply_payment_result::LOCK_ORDER,
                     values: vec![PENDING_ORDER_ID.into()],
                 },
                 Binding {
-                    starts_with: "UPDATE orders SET status",
+                    statement: apply_payment_result::SET_OUTCOME,
                     values: vec![PENDING_ORDER_ID.into(), text("confirmed"), "NULL".into()],
                 },
                 without_notify(),
                 Binding {
-                    starts_with: "INSERT INTO outbox",
+                    statement: outbox::INSERT_EVENT,
                     values: vec![
                         format!("{ORDER_ID}::text || '-outcome'"),
                         text("orders"),
@@ -442,7 +444,7 @@ impl Transaction {
             bindings: vec![
                 claim(format!("{ORDER_ID}::text || '-outcome'"), "orders"),
                 Binding {
-                    starts_with: "INSERT INTO notifications",
+                    statement: notify_customer::INSERT_NOTIFICATION,
                     values: vec![
                         ORDER_ID.into(),
                         format!("{ORDER_ID}::text || '-outcome'"),
@@ -483,9 +485,9 @@ impl Transaction {
             ahead: None,
             variables: Vec::new(),
             // Only before a session ends, not per look.
-            skips: vec!["UPDATE outbox SET published_at"],
+            skips: vec![outbox::MARK_PUBLISHED],
             bindings: vec![Binding {
-                starts_with: "WITH marked AS ( UPDATE outbox SET published_at",
+                statement: outbox::MARK_AND_READ,
                 values: vec![last_look, RELAY_BATCH.to_string()],
             }],
         }
