@@ -11,6 +11,15 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
+log() {
+  printf '[order-saga] %s\n' "$*" >&2
+}
+
+die() {
+  log "error: $*"
+  exit 1
+}
+
 # Runtime state (pid files, broker data, logs). Overridable so that several
 # checkouts, or a test harness, can keep their state apart.
 RUN_DIR="${SAGA_RUN_DIR:-$ROOT/.run}"
@@ -77,6 +86,10 @@ kafka_paths() {
   KAFKA_DATA="$KAFKA_DIR/data"
   KAFKA_CONFIG="$KAFKA_DIR/server.properties"
 }
+
+# The mode the environment asks for; a script's --brokers may switch it.
+kafka_mode "${SAGA_KAFKA_BROKERS:-1}"
+
 # scripts/up --with-prometheus; the compose stack's Prometheus has the same port.
 PROMETHEUS_PORT=9090
 
@@ -89,9 +102,6 @@ PG_PORT="${PG_PORT:-5432}"
 PG_USER=saga
 PG_PASSWORD="${PG_PASSWORD:-saga}"
 PG_DATABASES=(orders payments notifications provider)
-# The demo's passwords for the services' roles (service_role) and the databases'
-# read-only roles (reader_role): PG_PASSWORD_<ROLE IN CAPITALS> overrides each,
-# e.g. PG_PASSWORD_ORDER_SERVICE; the default is the role's name and "-pw".
 
 # Every topic the services use, with the dead-letter topic of each consumer
 # (named <source topic>.<consuming service>.dlq). The broker refuses to
@@ -105,15 +115,6 @@ KAFKA_TOPICS=(
   orders.notification-service.dlq
 )
 KAFKA_TOPIC_PARTITIONS=3
-
-log() {
-  printf '[order-saga] %s\n' "$*" >&2
-}
-
-die() {
-  log "error: $*"
-  exit 1
-}
 
 # wait_until TIMEOUT_SECONDS DESCRIPTION COMMAND...
 # Polls COMMAND every 0.5 s until it succeeds; fails naming DESCRIPTION once
@@ -139,8 +140,6 @@ tcp_open() {
   # shellcheck disable=SC2016 # $1 and $2 expand in the inner bash.
   timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$host" "$port" 2>/dev/null
 }
-
-kafka_mode "${SAGA_KAFKA_BROKERS:-1}"
 
 require_command() {
   local cmd="$1" hint="$2"
@@ -312,6 +311,9 @@ reader_role() {
   echo "${1}_reader"
 }
 
+# The demo's passwords for the services' roles (service_role) and the databases'
+# read-only roles (reader_role): PG_PASSWORD_<ROLE IN CAPITALS> overrides each,
+# e.g. PG_PASSWORD_ORDER_SERVICE; the default is the role's name and "-pw".
 role_password() {
   local var="PG_PASSWORD_${1^^}"
   printf '%s' "${!var:-$1-pw}"
