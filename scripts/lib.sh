@@ -155,12 +155,17 @@ ensure_browser() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >&2
 }
 
+# True when MARKER holds VALUE: written last, it says which download completed.
+marker_holds() {
+  [[ -f "$1" && "$(<"$1")" == "$2" ]]
+}
+
 # A tool from PyPI, pinned, in a virtual environment of its own under .cache,
 # installed once per version: ensure_pypi_tool PACKAGE VERSION VENV.
 ensure_pypi_tool() {
   local package="$1" version="$2" venv="$3"
   local marker="$venv/.installed"
-  [[ -f "$marker" && "$(<"$marker")" == "$version" ]] && return 0
+  marker_holds "$marker" "$version" && return 0
   require_command python3 "apt-get install -y python3 python3-venv"
   log "installing $package $version from PyPI into $venv"
   rm -rf "$venv"
@@ -212,16 +217,15 @@ ensure_kafka_jars() {
   local marker="$KAFKA_HOME/.libs-complete"
   local want
   want="$(sha256sum "$pom" | cut -d' ' -f1) $KAFKA_VERSION"
-  if [[ -f "$marker" && "$(<"$marker")" == "$want" ]]; then
-    return 0
-  fi
+  marker_holds "$marker" "$want" && return 0
 
   mkdir -p "$KAFKA_HOME"
   # Two scripts started together (infra-up and a kafka-* wrapper) must not
   # both write into libs/; the second one waits and then finds the marker.
+  local lock_fd
   exec {lock_fd}>"$KAFKA_HOME/.fetch.lock"
   flock "$lock_fd"
-  if [[ -f "$marker" && "$(<"$marker")" == "$want" ]]; then
+  if marker_holds "$marker" "$want"; then
     exec {lock_fd}>&-
     return 0
   fi
