@@ -360,11 +360,20 @@ SQL
 # behind. Only while no test runs: they are some test's own.
 remove_test_leftovers() {
   log "removing databases and topics left by earlier test runs"
+  drop_test_databases
+  delete_test_topics
+}
+
+drop_test_databases() {
   psql -X -q -At "$(pg_url postgres)" \
     -c "SELECT datname FROM pg_database WHERE datname LIKE 'saga\_test\_%'" |
     while read -r database; do
       drop_database "$database"
     done
+}
+
+# Listed first: kafka-topics --delete fails when its pattern matches no topic.
+delete_test_topics() {
   if "$ROOT/scripts/kafka-topics" --bootstrap-server "$KAFKA_BOOTSTRAP" --list | grep -qE '^t[0-9a-f]{12}\.'; then
     "$ROOT/scripts/kafka-topics" --bootstrap-server "$KAFKA_BOOTSTRAP" --delete --topic 't[0-9a-f]{12}\..*'
   fi
