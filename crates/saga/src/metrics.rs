@@ -68,6 +68,9 @@ pub const IDEMPOTENCY_REPLAYS: &str = "saga_idempotency_replays_total";
 /// `declined`, `unavailable` (a 5xx, 408, 409, 425 or 429), `no_answer` (refused, timed
 /// out, or cut before the answer: a lost response looks like this), `rejected`; and
 /// `replayed` (`true` when the provider answered from its key's stored answer).
+/// A refund's calls and an order's list of charges carry `call` (`refund`,
+/// `charges_for`), and their own outcomes: `refunded`, `already_refunded` (the charge's
+/// refund made under another key, found on the charge), `listed`.
 pub const PROVIDER_CALLS: &str = "saga_provider_calls_total";
 /// Time from sending a charge to its answer (or to giving up on it).
 pub const PROVIDER_CALL_DURATION: &str = "saga_provider_call_duration_seconds";
@@ -78,6 +81,14 @@ pub const CHARGE_REQUESTS: &str = "saga_charge_requests_total";
 pub const CHARGES: &str = "saga_charges_total";
 /// Calls a fault was applied to, by `kind` (`unavailable`, `slow`, `lose_response`).
 pub const CHARGE_FAULTS: &str = "saga_charge_faults_total";
+/// The provider's side: `POST /v1/refunds` received, whatever became of them.
+pub const REFUND_REQUESTS: &str = "saga_refund_requests_total";
+/// New refunds the provider made, by `result` (`succeeded`: a refund that cannot be made
+/// is refused, and makes nothing); a replay makes none.
+pub const REFUNDS: &str = "saga_refunds_total";
+/// Refund calls a fault was applied to, by `kind` (`unavailable`, `slow`,
+/// `lose_response`).
+pub const REFUND_FAULTS: &str = "saga_refund_faults_total";
 /// order-service's orders placed and not yet confirmed or cancelled, as admission control
 /// last counted them.
 pub const ORDERS_IN_FLIGHT: &str = "saga_orders_in_flight";
@@ -186,6 +197,9 @@ fn describe() {
         "Charges the provider decided (replays decide none)"
     );
     describe_counter!(CHARGE_FAULTS, "Charge requests a fault was applied to");
+    describe_counter!(REFUND_REQUESTS, "Refund requests the provider received");
+    describe_counter!(REFUNDS, "Refunds the provider made (replays make none)");
+    describe_counter!(REFUND_FAULTS, "Refund requests a fault was applied to");
     describe_gauge!(
         ORDERS_IN_FLIGHT,
         Unit::Count,
