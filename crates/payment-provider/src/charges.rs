@@ -6,31 +6,33 @@
 //! roll back: whatever it loses (the answer, its own process), it asks again with the
 //! same key.
 //!
-//! Every error is a JSON body: `{"error": {"code": …, "message": …}}`, with `field` when
-//! one field of the request is wrong.
+//! Every error is a JSON body ([`crate::error`]). What the key's wait, claim and replay
+//! share with refunds is in [`crate::keyed`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::routing::get;
 use deadpool_postgres::Pool;
-use saga::http::BodyError;
-use saga::idempotency::{self, Fingerprint, IdempotencyKey, KeyError};
+use saga::Transaction;
+use saga::idempotency::{Fingerprint, IdempotencyKey};
 use saga::transaction::Param;
-use saga::{Retry, Transaction};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
-use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
-use crate::faults::{Counted, Faults, Kind, Stats};
+pub use crate::error::ProviderError;
+use crate::faults::{Endpoint, Faults};
+use crate::keyed::{self, Decided};
 use crate::sever::Connection;
+use crate::stats::{Counted, Stats};
 
 pub const CHARGES: &str = "/v1/charges";
 /// The decline code and message of a charge above the limit.
@@ -79,6 +81,19 @@ pub struct Charge {
     pub failure_message: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    /// Shown by the reads, not by the charge's own answer: that answer is stored with its
+    /// key and replayed as it was, when the charge had no refund.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refunds: Option<Vec<ChargeRefund>>,
+}
+
+/// A refund as the charge lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChargeRefund {
+    pub id: String,
+    pub amount_cents: i64,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
 }
 
 /// A `POST /v1/charges` body, checked.
@@ -95,24 +110,8 @@ async fn create_charge(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ProviderError> {
-    state.stats.count(Counted::Call);
-    let fault = state.faults.draw();
-    match fault {
-        Some(Kind::Unavailable) => {
-            state.stats.count(Counted::Unavailable);
-            tracing::info!("charge refused: unavailable fault armed");
-            return Err(ProviderError::Unavailable("a fault is armed".into()));
-        }
-        Some(Kind::Slow(delay)) => {
-            state.stats.count(Counted::Slowed);
-            tracing::info!(?delay, "charge slowed: slow fault armed");
-            tokio::time::sleep(delay).await;
-        }
-        Some(Kind::LoseResponse) | None => {}
-    }
-    let key = IdempotencyKey::from_headers(&headers)
-        .map_err(ProviderError::InvalidIdempotencyKey)?
-        .ok_or(ProviderError::IdempotencyKeyMissing)?;
+    let fault = keyed::draw_fault(&state.faults, &state.stats, Endpoint::Charges).await?;
+    let key = keyed::key(&headers)?;
     let body = saga::http::json_body(&headers, &body).map_err(ProviderError::Body)?;
     let fingerprint = Fingerprint::of("POST", CHARGES, &body);
     let request = validate(&body)?;
@@ -124,16 +123,17 @@ async fn create_charge(
         let (state, key) = (state.clone(), key.clone());
         async move {
             let decided = charge(&state.pool, state.rules, &key, fingerprint, &request).await?;
+            let count = |what| state.stats.count(Endpoint::Charges, what);
             if decided.replayed {
-                state.stats.count(Counted::Replayed);
-                tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, "charge replayed for its idempotency key");
+                count(Counted::Replayed);
+                tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.id, reference = %request.reference, "charge replayed for its idempotency key");
             } else {
                 if decided.status == StatusCode::CREATED {
-                    state.stats.count(Counted::Charged);
+                    count(Counted::Made);
                 } else {
-                    state.stats.count(Counted::Declined);
+                    count(Counted::Declined);
                 }
-                tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, reference = %request.reference, amount_cents = request.amount_cents, status = decided.status.as_u16(), "charge decided");
+                tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.id, reference = %request.reference, amount_cents = request.amount_cents, status = decided.status.as_u16(), "charge decided");
             }
             Ok::<_, ProviderError>(decided)
         }
@@ -141,26 +141,15 @@ async fn create_charge(
     let decided = work
         .await
         .map_err(|error| ProviderError::Internal(error.into()))??;
-    let location = format!("{CHARGES}/{}", decided.charge_id);
-    let response = if decided.replayed {
-        idempotency::replay(decided.status, &location, decided.body)
-    } else {
-        idempotency::response(decided.status, &location, decided.body)
-    };
-    if fault == Some(Kind::LoseResponse) {
-        state.stats.count(Counted::LostResponse);
-        tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.charge_id, "answer dropped: lose-response fault armed; the connection is cut");
-        connection.sever();
-    }
-    Ok(response)
-}
-
-/// The answer a key's first call decided, or its replay.
-struct Decided {
-    status: StatusCode,
-    charge_id: String,
-    body: String,
-    replayed: bool,
+    Ok(keyed::answer(
+        &state.stats,
+        Endpoint::Charges,
+        CHARGES,
+        decided,
+        fault,
+        &connection,
+        &key,
+    ))
 }
 
 // `charge`'s statements, in the order it runs them. The benchmark's `provider` script
@@ -208,41 +197,32 @@ async fn charge(
     // Pipelined, like the saga's handlers: BEGIN goes out with the first statement, and
     // the charge's insert, whose result nothing reads, with COMMIT. Three waits, not five.
     let tx = Transaction::begin(&client);
-    // Zero would mean no bound, so the shortest wait is a millisecond. `now()` is the
-    // transaction's start: the charge's time, known before anything is written.
-    let wait = format!("{}ms", rules.key_wait.as_millis().max(1));
-    let created_at: OffsetDateTime = tx
-        .query_one(&tx.prepare_cached(KEY_WAIT).await?, &[&wait])
-        .await?
-        .get(0);
+    let created_at = keyed::wait(&tx, &tx.prepare_cached(KEY_WAIT).await?, rules.key_wait).await?;
     let (charge, status, body) = decide(request, rules.limit_cents, created_at);
 
     // An expired key is a new request: its row is taken over, not replayed.
-    let claimed = tx
-        .query_opt(
-            &tx.prepare_cached(CLAIM_KEY).await?,
-            &[
-                &key.as_str(),
-                &fingerprint.as_bytes(),
-                &charge.id,
-                &(status.as_u16() as i16),
-                &body,
-                &rules.key_ttl.as_secs_f64(),
-            ],
-        )
-        .await
-        .map_err(|error| match error.code() {
-            Some(&SqlState::LOCK_NOT_AVAILABLE) => ProviderError::IdempotencyKeyInUse,
-            _ => error.into(),
-        })?;
-    if claimed.is_none() {
-        return replay(&tx, key, fingerprint).await;
+    let claimed = keyed::claim(
+        &tx,
+        &tx.prepare_cached(CLAIM_KEY).await?,
+        &[
+            &key.as_str(),
+            &fingerprint.as_bytes(),
+            &charge.id,
+            &(status.as_u16() as i16),
+            &body,
+            &rules.key_ttl.as_secs_f64(),
+        ],
+    )
+    .await?;
+    if !claimed {
+        let stored = tx.prepare_cached(STORED_ANSWER).await?;
+        return keyed::replay(&tx, &stored, key, fingerprint).await;
     }
     tx.pipeline(tx.prepare_cached(INSERT_CHARGE).await?, charge_row(&charge));
     tx.commit().await?;
     Ok(Decided {
         status,
-        charge_id: charge.id,
+        id: charge.id,
         body,
         replayed: false,
     })
@@ -265,6 +245,7 @@ fn decide(
         failure_code: declined.then(|| CARD_DECLINED.to_owned()),
         failure_message: declined.then(|| AMOUNT_EXCEEDS_LIMIT.to_owned()),
         created_at,
+        refunds: None,
     };
     let (status, body) = if declined {
         (
@@ -283,32 +264,6 @@ fn decide(
         )
     };
     (charge, status, body)
-}
-
-/// The answer stored with `key`, claimed by an earlier call: replayed if that call was
-/// this one, refused if it was another.
-async fn replay(
-    tx: &Transaction<'_>,
-    key: &IdempotencyKey,
-    fingerprint: Fingerprint,
-) -> Result<Decided, ProviderError> {
-    let stored = tx
-        .query_opt(&tx.prepare_cached(STORED_ANSWER).await?, &[&key.as_str()])
-        .await?
-        // Deleted since the insert saw it: expired and pruned; the caller retries.
-        .ok_or(ProviderError::IdempotencyKeyInUse)?;
-    if stored.get::<_, &[u8]>("fingerprint") != fingerprint.as_bytes() {
-        return Err(ProviderError::IdempotencyKeyReused);
-    }
-    let status = stored.get::<_, i16>("response_status") as u16;
-    Ok(Decided {
-        status: StatusCode::from_u16(status).map_err(|error| {
-            ProviderError::Internal(anyhow::anyhow!("stored status {status}: {error}"))
-        })?,
-        charge_id: stored.get("charge_id"),
-        body: stored.get("response_body"),
-        replayed: true,
-    })
 }
 
 /// The parameters of `charge`'s row.
@@ -378,36 +333,68 @@ struct ListQuery {
 /// The most charges one list answers with, newest last.
 const LIST_LIMIT: i64 = 100;
 
+/// The charges made for one reference (or the latest ones), oldest first.
+pub const LIST_CHARGES: &str = "
+    SELECT * FROM (
+        SELECT * FROM charges WHERE $1::text IS NULL OR reference = $1
+         ORDER BY created_at DESC, id LIMIT $2
+    ) latest ORDER BY created_at, id";
+
 /// `GET /v1/charges?reference=<order id>`: the charges made for one reference (or the
-/// latest ones), oldest first, so a person can count them.
+/// latest ones), oldest first, so a person can count them, each with its refunds.
 async fn list_charges(
     State(state): State<AppState>,
     Query(query): Query<ListQuery>,
 ) -> Result<axum::Json<Value>, ProviderError> {
     let client = state.pool.get().await?;
     let rows = client
-        .query(
-            "SELECT * FROM (
-                 SELECT * FROM charges WHERE $1::text IS NULL OR reference = $1
-                  ORDER BY created_at DESC, id LIMIT $2
-             ) latest ORDER BY created_at, id",
-            &[&query.reference, &LIST_LIMIT],
-        )
+        .query(LIST_CHARGES, &[&query.reference, &LIST_LIMIT])
         .await?;
-    let data: Vec<Charge> = rows.iter().map(charge_from_row).collect();
+    let data = with_refunds(&client, rows.iter().map(charge_from_row).collect()).await?;
     Ok(axum::Json(json!({ "object": "list", "data": data })))
 }
+
+pub const FIND_CHARGE: &str = "SELECT * FROM charges WHERE id = $1";
 
 async fn get_charge(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Charge>, ProviderError> {
     let client = state.pool.get().await?;
-    client
-        .query_opt("SELECT * FROM charges WHERE id = $1", &[&id])
+    let row = client
+        .query_opt(FIND_CHARGE, &[&id])
         .await?
-        .map(|row| axum::Json(charge_from_row(&row)))
-        .ok_or(ProviderError::NotFound(id))
+        .ok_or(ProviderError::NotFound(id))?;
+    let mut shown = with_refunds(&client, vec![charge_from_row(&row)]).await?;
+    Ok(axum::Json(shown.remove(0)))
+}
+
+/// The refunds of any of the charges, oldest first.
+pub const REFUNDS_OF: &str = "
+    SELECT id, charge_id, amount_cents, created_at FROM refunds
+     WHERE charge_id = ANY ($1) ORDER BY created_at, id";
+
+/// `charges` with their refunds, read in one statement for the whole list.
+async fn with_refunds(
+    client: &deadpool_postgres::Client,
+    mut charges: Vec<Charge>,
+) -> Result<Vec<Charge>, ProviderError> {
+    let ids: Vec<&str> = charges.iter().map(|charge| charge.id.as_str()).collect();
+    let mut refunds: HashMap<String, Vec<ChargeRefund>> = HashMap::new();
+    for row in client.query(REFUNDS_OF, &[&ids]).await? {
+        refunds
+            .entry(row.get("charge_id"))
+            .or_default()
+            .push(ChargeRefund {
+                id: row.get("id"),
+                amount_cents: row.get("amount_cents"),
+                created_at: row.get("created_at"),
+            });
+    }
+    for charge in &mut charges {
+        charge.refunds = Some(refunds.remove(&charge.id).unwrap_or_default());
+    }
+    Ok(charges)
 }
 
 fn charge_from_row(row: &tokio_postgres::Row) -> Charge {
@@ -420,126 +407,6 @@ fn charge_from_row(row: &tokio_postgres::Row) -> Charge {
         failure_code: row.get("failure_code"),
         failure_message: row.get("failure_message"),
         created_at: row.get("created_at"),
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ProviderError {
-    /// 415 or 400.
-    #[error(transparent)]
-    Body(BodyError),
-    /// 400: a field is missing, of the wrong type, or out of range.
-    #[error("{field}: {message}")]
-    InvalidField { field: String, message: String },
-    /// 400: every charge must carry a key.
-    #[error("POST /v1/charges requires an Idempotency-Key header")]
-    IdempotencyKeyMissing,
-    /// 400.
-    #[error(transparent)]
-    InvalidIdempotencyKey(KeyError),
-    /// 422: the key was first used with a different request.
-    #[error(
-        "this Idempotency-Key was used with a different request; use a new key for a new charge"
-    )]
-    IdempotencyKeyReused,
-    /// 409: a call with this key is still running.
-    #[error("a call with this Idempotency-Key is still being processed; retry shortly")]
-    IdempotencyKeyInUse,
-    /// 404.
-    #[error("no charge {0}")]
-    NotFound(String),
-    /// 503: a fault is armed, or the database is away.
-    #[error("the provider is unavailable: {0}")]
-    Unavailable(String),
-    /// 500.
-    #[error(transparent)]
-    Internal(anyhow::Error),
-}
-
-impl ProviderError {
-    fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
-        ProviderError::InvalidField {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl From<tokio_postgres::Error> for ProviderError {
-    fn from(error: tokio_postgres::Error) -> Self {
-        match saga::retry::classify_postgres(&error) {
-            Retry::UntilItWorks => ProviderError::Unavailable(error.to_string()),
-            Retry::AFewTimes | Retry::Never => ProviderError::Internal(error.into()),
-        }
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for ProviderError {
-    fn from(error: deadpool_postgres::PoolError) -> Self {
-        ProviderError::Unavailable(error.to_string())
-    }
-}
-
-impl IntoResponse for ProviderError {
-    fn into_response(self) -> Response {
-        let message = self.to_string();
-        let (status, body) = match &self {
-            ProviderError::Body(BodyError::NotJson) => (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                json!({ "code": "unsupported_media_type", "message": message }),
-            ),
-            ProviderError::Body(BodyError::Malformed(_)) => (
-                StatusCode::BAD_REQUEST,
-                json!({ "code": "malformed_json", "message": message }),
-            ),
-            ProviderError::InvalidField { field, message } => (
-                StatusCode::BAD_REQUEST,
-                json!({ "code": "invalid_field", "field": field, "message": message }),
-            ),
-            ProviderError::IdempotencyKeyMissing => (
-                StatusCode::BAD_REQUEST,
-                json!({ "code": "idempotency_key_missing", "message": message }),
-            ),
-            ProviderError::InvalidIdempotencyKey(_) => (
-                StatusCode::BAD_REQUEST,
-                json!({ "code": "invalid_idempotency_key", "message": message }),
-            ),
-            ProviderError::IdempotencyKeyReused => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                json!({ "code": "idempotency_key_reused", "message": message }),
-            ),
-            ProviderError::IdempotencyKeyInUse => (
-                StatusCode::CONFLICT,
-                json!({ "code": "idempotency_key_in_use", "message": message }),
-            ),
-            ProviderError::NotFound(_) => (
-                StatusCode::NOT_FOUND,
-                json!({ "code": "charge_not_found", "message": message }),
-            ),
-            ProviderError::Unavailable(error) => {
-                tracing::warn!(%error, "call refused: unavailable");
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    json!({ "code": "unavailable", "message": "the provider is unavailable; retry later" }),
-                )
-            }
-            ProviderError::Internal(error) => {
-                tracing::error!(error = format!("{error:#}"), "call failed");
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    json!({ "code": "internal", "message": "internal error" }),
-                )
-            }
-        };
-        let mut response = (status, axum::Json(json!({ "error": body }))).into_response();
-        if matches!(
-            self,
-            ProviderError::IdempotencyKeyInUse | ProviderError::Unavailable(_)
-        ) {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        response
+        refunds: None,
     }
 }

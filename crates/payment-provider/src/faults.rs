@@ -1,19 +1,21 @@
 //! Faults on demand, for the tests and the walkthrough: what the provider can be told to
-//! do wrong. One fault is armed at a time, by `PROVIDER_FAULT` at start or `PUT
-//! /admin/fault` at run time, both in the same JSON:
+//! do wrong. Each keyed endpoint has a fault of its own, armed by `PROVIDER_FAULT` at
+//! start or `PUT /admin/fault` at run time, both in the same JSON:
 //!
 //! ```json
 //! {"kind": "lose-response", "rate": 0.33}
 //! {"kind": "unavailable", "next": 5}
-//! {"kind": "slow", "delay_ms": 3000}
+//! {"kind": "slow", "delay_ms": 3000, "endpoint": "refunds"}
 //! ```
 //!
-//! A fault applies to `POST /v1/charges` alone: at a `rate` of the calls (deterministic,
-//! so a rate of 0.25 is every fourth call), or to the `next` N calls (then it disarms),
-//! or, with neither, to every call until it is disarmed.
+//! A fault applies to the calls of its `endpoint`, `charges` (`POST /v1/charges`, the
+//! default, which every fault meant before refunds existed) or `refunds` (`POST
+//! /v1/refunds`), and only those draw it: a refund's answer can be lost while every
+//! charge is answered. It hits at a `rate` of the calls (deterministic, so a rate of
+//! 0.25 is every fourth call), or the `next` N calls (then it disarms), or, with neither,
+//! every call until it is disarmed.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -42,10 +44,41 @@ pub enum When {
     Next(u32),
 }
 
+/// The keyed endpoint a fault is armed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Endpoint {
+    /// `POST /v1/charges`.
+    #[default]
+    Charges,
+    /// `POST /v1/refunds`.
+    Refunds,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 2] = [Endpoint::Charges, Endpoint::Refunds];
+
+    /// As the JSON and the logs name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::Charges => "charges",
+            Endpoint::Refunds => "refunds",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|endpoint| endpoint.name() == name)
+            .ok_or_else(|| format!("no endpoint {name:?}; charges or refunds"))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fault {
     pub kind: Kind,
     pub when: When,
+    pub endpoint: Endpoint,
 }
 
 /// The JSON form, before its combination of fields is checked.
@@ -56,6 +89,8 @@ struct Spec {
     delay_ms: Option<u64>,
     rate: Option<f64>,
     next: Option<u32>,
+    #[serde(default)]
+    endpoint: Endpoint,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]
@@ -85,7 +120,11 @@ impl Fault {
             (None, Some(n)) => When::Next(n),
             (None, None) => When::Rate(1.0),
         };
-        Ok(Self { kind, when })
+        Ok(Self {
+            kind,
+            when,
+            endpoint: spec.endpoint,
+        })
     }
 
     /// `PROVIDER_FAULT`'s parser.
@@ -96,6 +135,9 @@ impl Fault {
         Self::from_json(value)
     }
 
+    /// What the fault does and when; where it applies is said by where it is shown
+    /// (`GET /admin/fault`'s `faults`), so `fault`, the charges' own, reads as before.
+    /// Read back by [`Fault::from_json`] with `endpoint` added, unless it is `charges`.
     pub fn to_json(self) -> Value {
         let (kind, delay_ms) = match self.kind {
             Kind::Unavailable => (KindName::Unavailable, None),
@@ -122,35 +164,49 @@ struct Armed {
     calls: u64,
 }
 
+/// The fault armed on each endpoint, drawn by that endpoint's calls alone.
 #[derive(Debug, Default)]
 pub struct Faults {
-    armed: Mutex<Option<Armed>>,
+    charges: Mutex<Option<Armed>>,
+    refunds: Mutex<Option<Armed>>,
 }
 
 impl Faults {
     pub fn new(fault: Option<Fault>) -> Self {
         let faults = Self::default();
-        faults.arm(fault);
+        if let Some(fault) = fault {
+            faults.arm(fault);
+        }
         faults
     }
 
-    /// Arms `fault` in place of any other, or disarms with `None`.
-    pub fn arm(&self, fault: Option<Fault>) {
-        *self.armed.lock().expect("never poisoned") = fault.map(|fault| Armed { fault, calls: 0 });
+    fn slot(&self, endpoint: Endpoint) -> std::sync::MutexGuard<'_, Option<Armed>> {
+        match endpoint {
+            Endpoint::Charges => &self.charges,
+            Endpoint::Refunds => &self.refunds,
+        }
+        .lock()
+        .expect("never poisoned")
     }
 
-    /// The armed fault, with what is left of a `next` count.
-    pub fn armed(&self) -> Option<Fault> {
-        self.armed
-            .lock()
-            .expect("never poisoned")
-            .as_ref()
-            .map(|armed| armed.fault)
+    /// Arms `fault` on its endpoint in place of any other there; the other endpoint's
+    /// stays as it is.
+    pub fn arm(&self, fault: Fault) {
+        *self.slot(fault.endpoint) = Some(Armed { fault, calls: 0 });
     }
 
-    /// Whether this call is hit, and by what.
-    pub fn draw(&self) -> Option<Kind> {
-        let mut armed = self.armed.lock().expect("never poisoned");
+    pub fn disarm(&self, endpoint: Endpoint) {
+        *self.slot(endpoint) = None;
+    }
+
+    /// The fault armed on `endpoint`, with what is left of a `next` count.
+    pub fn armed(&self, endpoint: Endpoint) -> Option<Fault> {
+        self.slot(endpoint).as_ref().map(|armed| armed.fault)
+    }
+
+    /// Whether this call to `endpoint` is hit, and by what.
+    pub fn draw(&self, endpoint: Endpoint) -> Option<Kind> {
+        let mut armed = self.slot(endpoint);
         let current = armed.as_mut()?;
         current.calls += 1;
         let kind = current.fault.kind;
@@ -168,84 +224,17 @@ impl Faults {
             }
         }
     }
-}
 
-/// What the provider did since it started, for a person (and a test) to read at
-/// `GET /admin/stats`; each count is also a Prometheus counter at `/metrics`.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// `POST /v1/charges` received, whatever became of them.
-    pub calls: AtomicU64,
-    /// New charges that succeeded.
-    pub charged: AtomicU64,
-    /// New charges that were declined.
-    pub declined: AtomicU64,
-    /// Calls answered with the stored answer of their key.
-    pub replayed: AtomicU64,
-    /// Calls answered 503 by an `unavailable` fault.
-    pub unavailable: AtomicU64,
-    /// Calls slowed by a `slow` fault.
-    pub slowed: AtomicU64,
-    /// Calls whose work was committed and whose answer was dropped on purpose.
-    pub lost_responses: AtomicU64,
-}
-
-/// One thing [`Stats`] counts.
-#[derive(Debug, Clone, Copy)]
-pub enum Counted {
-    Call,
-    Charged,
-    Declined,
-    Replayed,
-    Unavailable,
-    Slowed,
-    LostResponse,
-}
-
-impl Stats {
-    pub fn count(&self, what: Counted) {
-        use saga::metrics::{CHARGE_FAULTS, CHARGE_REQUESTS, CHARGES};
-        // Replays are counted at /metrics by the reply itself (saga::idempotency).
-        let (counter, metric) = match what {
-            Counted::Call => (&self.calls, Some(metrics::counter!(CHARGE_REQUESTS))),
-            Counted::Charged => (
-                &self.charged,
-                Some(metrics::counter!(CHARGES, "result" => "succeeded")),
-            ),
-            Counted::Declined => (
-                &self.declined,
-                Some(metrics::counter!(CHARGES, "result" => "declined")),
-            ),
-            Counted::Replayed => (&self.replayed, None),
-            Counted::Unavailable => (
-                &self.unavailable,
-                Some(metrics::counter!(CHARGE_FAULTS, "kind" => "unavailable")),
-            ),
-            Counted::Slowed => (
-                &self.slowed,
-                Some(metrics::counter!(CHARGE_FAULTS, "kind" => "slow")),
-            ),
-            Counted::LostResponse => (
-                &self.lost_responses,
-                Some(metrics::counter!(CHARGE_FAULTS, "kind" => "lose_response")),
-            ),
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        if let Some(metric) = metric {
-            metric.increment(1);
-        }
-    }
-
+    /// `GET /admin/fault`'s answer: `fault` the charges' (as it was before refunds had
+    /// faults of their own), `faults` each endpoint's.
     pub fn to_json(&self) -> Value {
-        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let armed = |endpoint| self.armed(endpoint).map(Fault::to_json);
         serde_json::json!({
-            "calls": read(&self.calls),
-            "charged": read(&self.charged),
-            "declined": read(&self.declined),
-            "replayed": read(&self.replayed),
-            "unavailable": read(&self.unavailable),
-            "slowed": read(&self.slowed),
-            "lost_responses": read(&self.lost_responses),
+            "fault": armed(Endpoint::Charges),
+            "faults": {
+                "charges": armed(Endpoint::Charges),
+                "refunds": armed(Endpoint::Refunds),
+            },
         })
     }
 }
@@ -260,8 +249,11 @@ mod tests {
         let faults = Faults::new(Some(Fault {
             kind: Kind::LoseResponse,
             when: When::Rate(0.25),
+            endpoint: Endpoint::Charges,
         }));
-        let hits: Vec<bool> = (0..12).map(|_| faults.draw().is_some()).collect();
+        let hits: Vec<bool> = (0..12)
+            .map(|_| faults.draw(Endpoint::Charges).is_some())
+            .collect();
         let expected = [false, false, false, true].repeat(3);
         assert_eq!(hits, expected);
     }
@@ -271,10 +263,10 @@ mod tests {
         let faults = Faults::new(Some(
             Fault::parse(r#"{"kind": "unavailable", "next": 2}"#).unwrap(),
         ));
-        assert_eq!(faults.draw(), Some(Kind::Unavailable));
-        assert_eq!(faults.draw(), Some(Kind::Unavailable));
-        assert_eq!(faults.draw(), None);
-        assert_eq!(faults.armed(), None);
+        assert_eq!(faults.draw(Endpoint::Charges), Some(Kind::Unavailable));
+        assert_eq!(faults.draw(Endpoint::Charges), Some(Kind::Unavailable));
+        assert_eq!(faults.draw(Endpoint::Charges), None);
+        assert_eq!(faults.armed(Endpoint::Charges), None);
     }
 
     #[test]
@@ -295,6 +287,7 @@ mod tests {
             (r#"{"kind":"unavailable","next":0}"#, "next"),
             (r#"{"kind":"explode"}"#, "explode"),
             (r#"{"kind":"unavailable","often":1}"#, "often"),
+            (r#"{"kind":"unavailable","endpoint":"payouts"}"#, "payouts"),
             ("lose-response", "not JSON"),
         ] {
             let error = Fault::parse(text).unwrap_err();
@@ -306,5 +299,53 @@ mod tests {
                 .when,
             When::Rate(1.0)
         );
+    }
+
+    #[test]
+    fn a_fault_is_for_charges_unless_it_names_refunds() {
+        let parse = |text| Fault::parse(text).unwrap().endpoint;
+        assert_eq!(parse(r#"{"kind":"unavailable"}"#), Endpoint::Charges);
+        assert_eq!(
+            parse(r#"{"kind":"unavailable","endpoint":"charges"}"#),
+            Endpoint::Charges
+        );
+        assert_eq!(
+            parse(r#"{"kind":"lose-response","next":1,"endpoint":"refunds"}"#),
+            Endpoint::Refunds
+        );
+        let refunds = Fault::parse(r#"{"kind":"slow","delay_ms":5,"endpoint":"refunds"}"#).unwrap();
+        let mut shown = refunds.to_json();
+        assert_eq!(shown.get("endpoint"), None, "{shown}");
+        shown["endpoint"] = "refunds".into();
+        assert_eq!(Fault::from_json(shown).unwrap(), refunds);
+    }
+
+    #[test]
+    fn each_endpoint_draws_its_own_fault_alone() {
+        let faults = Faults::new(Some(
+            Fault::parse(r#"{"kind":"lose-response","next":2,"endpoint":"refunds"}"#).unwrap(),
+        ));
+        assert_eq!(faults.draw(Endpoint::Charges), None);
+        assert_eq!(faults.draw(Endpoint::Refunds), Some(Kind::LoseResponse));
+        faults.arm(Fault::parse(r#"{"kind":"unavailable","next":1}"#).unwrap());
+        assert_eq!(
+            faults.armed(Endpoint::Refunds).map(|fault| fault.when),
+            Some(When::Next(1)),
+            "arming charges leaves the refunds' fault, and its count, as it was"
+        );
+        assert_eq!(faults.draw(Endpoint::Charges), Some(Kind::Unavailable));
+        assert_eq!(faults.draw(Endpoint::Charges), None);
+        assert_eq!(faults.draw(Endpoint::Refunds), Some(Kind::LoseResponse));
+        assert_eq!(faults.draw(Endpoint::Refunds), None);
+
+        faults.arm(Fault::parse(r#"{"kind":"unavailable"}"#).unwrap());
+        faults.arm(Fault::parse(r#"{"kind":"unavailable","endpoint":"refunds"}"#).unwrap());
+        faults.disarm(Endpoint::Refunds);
+        assert_eq!(faults.draw(Endpoint::Refunds), None);
+        assert_eq!(faults.draw(Endpoint::Charges), Some(Kind::Unavailable));
+        let shown = faults.to_json();
+        assert_eq!(shown["fault"], json!({"kind": "unavailable", "rate": 1.0}));
+        assert_eq!(shown["faults"]["charges"], shown["fault"]);
+        assert_eq!(shown["faults"]["refunds"], Value::Null);
     }
 }

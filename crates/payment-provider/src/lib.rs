@@ -5,24 +5,33 @@
 //! answer), so the saga can be shown charging each order once whatever is lost.
 //!
 //! - [`charges`]: `POST /v1/charges`, `GET /v1/charges?reference=…`, `GET
-//!   /v1/charges/{id}`.
-//! - [`faults`]: what can be armed (`PROVIDER_FAULT`, `PUT /admin/fault`) and what the
-//!   provider counted (`GET /admin/stats`).
+//!   /v1/charges/{id}`, each charge shown with its refunds.
+//! - [`refunds`]: `POST /v1/refunds`, `GET /v1/refunds/{id}`: a charge's money given
+//!   back, once, as a cancelled order asks.
+//! - [`keyed`]: what those two `POST`s share: the key's wait, claim and replay, and the
+//!   faults drawn around the call.
+//! - [`error`]: the API's errors and their JSON.
+//! - [`faults`]: what can be armed, per endpoint (`PROVIDER_FAULT`, `PUT /admin/fault`).
+//! - [`stats`]: what the provider counted (`GET /admin/stats`).
 //! - [`sever`]: the listener that lets a handler cut its connection after its commit.
 //!
 //! It takes no part in the saga: no Kafka, no inbox, no outbox; its own database
-//! (`provider`) holds charges and keys.
+//! (`provider`) holds charges, refunds and keys.
 
 pub mod charges;
+pub mod error;
 pub mod faults;
+pub mod keyed;
+pub mod refunds;
 pub mod sever;
+pub mod stats;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
@@ -35,7 +44,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::charges::{AppState, Rules};
-use crate::faults::{Fault, Faults};
+use crate::faults::{Endpoint, Fault, Faults};
 use crate::sever::{Connection, SeverableListener};
 
 pub const SERVICE: &str = "payment-provider";
@@ -80,7 +89,8 @@ pub struct Config {
     pub keys: KeyConfig,
 
     /// A fault armed from the start, as `PUT /admin/fault` takes it:
-    /// `{"kind": "lose-response", "rate": 0.33}`.
+    /// `{"kind": "lose-response", "rate": 0.33}`, on charges unless it names
+    /// `"endpoint": "refunds"`.
     #[arg(long, env = "PROVIDER_FAULT", value_parser = Fault::parse)]
     pub provider_fault: Option<Fault>,
 
@@ -155,7 +165,7 @@ impl Application {
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let faults = Arc::new(Faults::new(self.config.provider_fault));
         if let Some(fault) = self.config.provider_fault {
-            tracing::warn!(fault = %fault.to_json(), "fault armed from PROVIDER_FAULT");
+            tracing::warn!(endpoint = fault.endpoint.name(), fault = %fault.to_json(), "fault armed from PROVIDER_FAULT");
         }
         let state = AppState {
             pool: self.pool.clone(),
@@ -169,6 +179,7 @@ impl Application {
         };
         let router = saga::http::edge(
             charges::router(state.clone())
+                .merge(refunds::router(state.clone()))
                 .merge(admin(state))
                 .merge(saga::http::health(self.pool.clone()))
                 .merge(saga::metrics::router(None)),
@@ -197,9 +208,10 @@ impl Application {
     }
 }
 
-/// `PUT /admin/fault` arms a fault, `DELETE /admin/fault` disarms it, `GET /admin/fault`
-/// shows it; `GET /admin/stats` counts what the provider did. On the API's own port: the
-/// provider is a stand-in that listens on loopback.
+/// `PUT /admin/fault` arms a fault on its endpoint, `DELETE /admin/fault` disarms both
+/// (`?endpoint=refunds` one), `GET /admin/fault` shows them; `GET /admin/stats` counts
+/// what the provider did. On the API's own port: the provider is a stand-in that listens
+/// on loopback.
 fn admin(state: AppState) -> Router {
     Router::new()
         .route(
@@ -210,12 +222,16 @@ fn admin(state: AppState) -> Router {
         .with_state(state)
 }
 
-fn fault_json(faults: &Faults) -> Json<Value> {
-    Json(json!({ "fault": faults.armed().map(Fault::to_json) }))
+async fn show_fault(State(state): State<AppState>) -> Json<Value> {
+    Json(state.faults.to_json())
 }
 
-async fn show_fault(State(state): State<AppState>) -> Json<Value> {
-    fault_json(&state.faults)
+fn invalid_fault(message: String) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({ "error": { "code": "invalid_fault", "message": message } })),
+    )
+        .into_response()
 }
 
 async fn arm_fault(
@@ -228,22 +244,30 @@ async fn arm_fault(
         .and_then(Fault::from_json);
     match armed {
         Ok(fault) => {
-            state.faults.arm(Some(fault));
-            tracing::warn!(fault = %fault.to_json(), "fault armed");
-            fault_json(&state.faults).into_response()
+            state.faults.arm(fault);
+            tracing::warn!(endpoint = fault.endpoint.name(), fault = %fault.to_json(), "fault armed");
+            Json(state.faults.to_json()).into_response()
         }
-        Err(message) => (
-            StatusCode::BAD_REQUEST,
-            Json(json!({ "error": { "code": "invalid_fault", "message": message } })),
-        )
-            .into_response(),
+        Err(message) => invalid_fault(message),
     }
 }
 
-async fn disarm_fault(State(state): State<AppState>) -> Json<Value> {
-    state.faults.arm(None);
-    tracing::info!("fault disarmed");
-    fault_json(&state.faults)
+#[derive(serde::Deserialize)]
+struct DisarmQuery {
+    endpoint: Option<String>,
+}
+
+async fn disarm_fault(State(state): State<AppState>, Query(query): Query<DisarmQuery>) -> Response {
+    let endpoints = match query.endpoint.as_deref().map(Endpoint::parse) {
+        None => Endpoint::ALL.to_vec(),
+        Some(Ok(endpoint)) => vec![endpoint],
+        Some(Err(message)) => return invalid_fault(message),
+    };
+    for endpoint in endpoints {
+        state.faults.disarm(endpoint);
+        tracing::info!(endpoint = endpoint.name(), "fault disarmed");
+    }
+    Json(state.faults.to_json()).into_response()
 }
 
 async fn stats(State(state): State<AppState>) -> Json<Value> {

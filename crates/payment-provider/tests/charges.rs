@@ -1,87 +1,14 @@
 //! The provider against a real PostgreSQL, over real HTTP: each key charges once, whatever
 //! is repeated, raced or lost.
 
+mod common;
+
 use std::time::Duration;
 
-use payment_provider::Config;
 use reqwest::StatusCode;
-use saga_testkit::TestDatabase;
-use saga_testkit::provider::ProviderAdmin;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-struct Provider {
-    url: String,
-    http: reqwest::Client,
-    admin: ProviderAdmin,
-    _db: TestDatabase,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Provider {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn provider() -> Provider {
-    provider_with(|_| {}).await
-}
-
-async fn provider_with(configure: impl FnOnce(&mut Config)) -> Provider {
-    let db = TestDatabase::empty().await;
-    let (url, shutdown) = payment_provider::start_local(&db.url, configure)
-        .await
-        .unwrap();
-    Provider {
-        admin: ProviderAdmin::new(url.clone()),
-        url,
-        http: reqwest::Client::new(),
-        _db: db,
-        shutdown,
-    }
-}
-
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    body: Value,
-}
-
-impl Provider {
-    async fn charge(&self, key: Option<&str>, body: &Value) -> reqwest::Result<Answer> {
-        self.charge_within(key, body, Duration::from_secs(30)).await
-    }
-
-    async fn charge_within(
-        &self,
-        key: Option<&str>,
-        body: &Value,
-        timeout: Duration,
-    ) -> reqwest::Result<Answer> {
-        let mut request = self
-            .http
-            .post(format!("{}/v1/charges", self.url))
-            .timeout(timeout)
-            .json(body);
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
-        }
-        let response = request.send().await?;
-        let status = response.status();
-        let replayed = response.headers().get("idempotent-replayed").is_some();
-        let body = response.json().await?;
-        Ok(Answer {
-            status,
-            replayed,
-            body,
-        })
-    }
-}
-
-fn request(reference: &str, amount_cents: i64) -> Value {
-    json!({ "amount_cents": amount_cents, "currency": "usd", "reference": reference })
-}
+use common::{provider, provider_with, request};
 
 #[tokio::test]
 async fn a_key_charges_once_and_every_retry_gets_the_first_answer() {
@@ -101,8 +28,14 @@ async fn a_key_charges_once_and_every_retry_gets_the_first_answer() {
         assert_eq!(again.body, first.body);
     }
 
-    let charges = provider.admin.charges_for("order-1").await;
+    let mut charges = provider.admin.charges_for("order-1").await;
     assert_eq!(charges.len(), 1, "{charges:?}");
+    let refunds = charges[0].as_object_mut().unwrap().remove("refunds");
+    assert_eq!(
+        refunds,
+        Some(json!([])),
+        "the list shows each charge's refunds"
+    );
     assert_eq!(charges[0], first.body);
     let stats = provider.admin.stats().await;
     assert_eq!(
@@ -319,7 +252,7 @@ async fn a_path_or_method_it_does_not_serve_is_the_same_json_error() {
     let provider = provider().await;
     for (request, status, code) in [
         (
-            provider.http.get(format!("{}/v1/refunds", provider.url)),
+            provider.http.get(format!("{}/v1/payouts", provider.url)),
             404,
             "not_found",
         ),
