@@ -1,5 +1,6 @@
 //! The card provider, as payment-service calls it: `POST /v1/charges` with an
-//! `Idempotency-Key`, over HTTP, outside any transaction.
+//! `Idempotency-Key`, over HTTP, outside any transaction; `POST /v1/refunds` and
+//! `GET /v1/charges?reference=` for a cancelled order ([`refunds`]).
 //!
 //! What an answer means for the event that asked for it:
 //! - `201`: charged; `402`: declined, a decided failure with the provider's reason.
@@ -19,6 +20,9 @@ use saga::HandlerError;
 use saga::idempotency;
 use serde::Serialize;
 use serde_json::Value;
+
+mod refunds;
+pub use refunds::{ProviderCharge, Refund, RefundRequest};
 
 #[derive(Debug, Clone, Args)]
 pub struct ProviderConfig {
@@ -63,9 +67,12 @@ pub enum Answer {
     },
 }
 
+/// Cheap to clone: the clones share one connection pool.
+#[derive(Clone)]
 pub struct Provider {
     http: reqwest::Client,
     charges_url: String,
+    refunds_url: String,
 }
 
 impl Provider {
@@ -74,9 +81,11 @@ impl Provider {
             .connect_timeout(config.provider_connect_timeout)
             .timeout(config.provider_timeout)
             .build()?;
+        let base = config.provider_url.trim_end_matches('/');
         Ok(Self {
             http,
-            charges_url: format!("{}/v1/charges", config.provider_url.trim_end_matches('/')),
+            charges_url: format!("{base}/v1/charges"),
+            refunds_url: format!("{base}/v1/refunds"),
         })
     }
 
@@ -92,35 +101,27 @@ impl Provider {
         let (outcome, replayed) = match &answer {
             Ok(Answer::Charged { replayed, .. }) => ("charged", *replayed),
             Ok(Answer::Declined { replayed, .. }) => ("declined", *replayed),
-            Err(Call::NoAnswer(_)) => ("no_answer", false),
-            Err(Call::Failed(HandlerError::Unavailable(_))) => ("unavailable", false),
-            Err(Call::Failed(_)) => ("rejected", false),
+            Err(call) => (call.outcome(), false),
         };
         counter!(saga::metrics::PROVIDER_CALLS, "outcome" => outcome, "replayed" => replayed.to_string())
             .increment(1);
-        answer.map_err(|call| match call {
-            Call::NoAnswer(error) | Call::Failed(error) => error,
-        })
+        answer.map_err(Call::into_error)
     }
 
     async fn call(&self, key: &str, request: &ChargeRequest<'_>) -> Result<Answer, Call> {
-        let no_answer =
-            |what: String| Call::NoAnswer(HandlerError::Unavailable(format!("provider: {what}")));
-        let unavailable = |what: String| HandlerError::Unavailable(format!("provider: {what}"));
-        let response = self
-            .http
-            .post(&self.charges_url)
-            .header(idempotency::HEADER, key)
-            .json(request)
-            .send()
-            .await
-            .map_err(|error| no_answer(describe(error)))?;
-        let status = response.status();
-        let replayed = response.headers().contains_key(idempotency::REPLAYED);
-        let body = response.text().await.map_err(|error| {
-            no_answer(format!("{status}, answer cut short: {}", describe(error)))
-        })?;
-        let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        let Reply {
+            status,
+            replayed,
+            body,
+            json,
+        } = self
+            .send(
+                self.http
+                    .post(&self.charges_url)
+                    .header(idempotency::HEADER, key)
+                    .json(request),
+            )
+            .await?;
         let answer = match status {
             StatusCode::CREATED => match json["id"].as_str() {
                 Some(id) => Ok(Answer::Charged {
@@ -139,23 +140,83 @@ impl Provider {
                     .to_owned(),
                 replayed,
             }),
-            StatusCode::REQUEST_TIMEOUT
-            | StatusCode::CONFLICT
-            | StatusCode::TOO_EARLY
-            | StatusCode::TOO_MANY_REQUESTS => Err(unavailable(format!("{status}: {body}"))),
-            status if status.is_server_error() => Err(unavailable(format!("{status}: {body}"))),
+            status if transient(status) => Err(unavailable(format!("{status}: {body}"))),
             status => Err(HandlerError::rejected(format!(
                 "provider refused the charge request: {status}: {body}"
             ))),
         };
         answer.map_err(Call::Failed)
     }
+
+    /// Sends `request` and reads its answer to the end.
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Reply, Call> {
+        let no_answer =
+            |what: String| Call::NoAnswer(HandlerError::Unavailable(format!("provider: {what}")));
+        let response = request
+            .send()
+            .await
+            .map_err(|error| no_answer(describe(error)))?;
+        let status = response.status();
+        let replayed = response.headers().contains_key(idempotency::REPLAYED);
+        let body = response.text().await.map_err(|error| {
+            no_answer(format!("{status}, answer cut short: {}", describe(error)))
+        })?;
+        let json: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        Ok(Reply {
+            status,
+            replayed,
+            body,
+            json,
+        })
+    }
 }
 
-/// A call that did not decide the charge: no answer at all, or an answer that is an error.
+/// An answer read to the end, and its body as JSON (`null` if it is not).
+struct Reply {
+    status: StatusCode,
+    replayed: bool,
+    body: String,
+    json: Value,
+}
+
+/// A `408`, `409` (the same key still running), `425`, `429` or `5xx`: the provider is
+/// briefly unavailable, and the call is made again, with the same key.
+fn transient(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::REQUEST_TIMEOUT
+            | StatusCode::CONFLICT
+            | StatusCode::TOO_EARLY
+            | StatusCode::TOO_MANY_REQUESTS
+    ) || status.is_server_error()
+}
+
+fn unavailable(what: String) -> HandlerError {
+    HandlerError::Unavailable(format!("provider: {what}"))
+}
+
+/// A call that did not decide the charge (or the refund): no answer at all, or an answer
+/// that is an error.
 enum Call {
     NoAnswer(HandlerError),
     Failed(HandlerError),
+}
+
+impl Call {
+    /// As `saga_provider_calls_total`'s `outcome` counts it.
+    fn outcome(&self) -> &'static str {
+        match self {
+            Call::NoAnswer(_) => "no_answer",
+            Call::Failed(HandlerError::Unavailable(_)) => "unavailable",
+            Call::Failed(_) => "rejected",
+        }
+    }
+
+    fn into_error(self) -> HandlerError {
+        match self {
+            Call::NoAnswer(error) | Call::Failed(error) => error,
+        }
+    }
 }
 
 /// reqwest's `Display` names only the URL; the causes (timed out, refused, closed before
