@@ -1,15 +1,25 @@
 //! The event catalog: every event type of the saga, its topic, its payload, and how its
-//! deterministic id derives from the event that caused it.
+//! deterministic id derives from the order or the event that caused it.
 //!
 //! | type | topic | id | written by |
 //! |---|---|---|---|
 //! | `order.created` | orders | `<order id>` | order-service |
 //! | `payment.succeeded` / `payment.failed` | payments | `<order.created id>:payment` | payment-service |
-//! | `order.confirmed` / `order.cancelled` | orders | `<order id>:outcome` | order-service |
-//! | `notification.sent` | notifications | `<outcome event id>:notification` | notification-service |
+//! | `order.confirmed` / `order.cancelled` (the payment's outcome) | orders | `<order id>:outcome` | order-service |
+//! | `order.cancelled` (by the customer, or the deadline) | orders | `<order id>:cancel` | order-service |
+//! | `payment.refunded` | payments | `<order id>:refund` | payment-service |
+//! | `payment.voided` | payments | `<order.cancelled id>:voided` | payment-service |
+//! | `order.refunded` | orders | `<order id>:refunded` | order-service |
+//! | `notification.sent` | notifications | `<order event id>:notification` | notification-service |
 //!
-//! Both terminal order events share one id, so the outbox's unique `event_id` refuses a
-//! second outcome for an order even if every other guard were gone.
+//! The payment's outcome has one id whichever it is, so the outbox's unique `event_id`
+//! refuses a second outcome for an order even if every other guard were gone. A later
+//! cancellation is a different fact with an id of its own: at most one per order, as
+//! order-service cancels an order once. payment-service answers every cancellation:
+//! `payment.refunded` when a charge stood (one refund per order, whatever asked for it:
+//! its id and its key at the provider are both `<order id>:refund`), `payment.voided`
+//! when nothing was charged and nothing will be. An order has *settled* when its outcome
+//! is decided and its cancellation, if any, answered.
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -20,20 +30,76 @@ pub const ORDER_CANCELLED: &str = "order.cancelled";
 pub const PAYMENT_SUCCEEDED: &str = "payment.succeeded";
 pub const PAYMENT_FAILED: &str = "payment.failed";
 pub const NOTIFICATION_SENT: &str = "notification.sent";
+pub const PAYMENT_REFUNDED: &str = "payment.refunded";
+pub const PAYMENT_VOIDED: &str = "payment.voided";
+pub const ORDER_REFUNDED: &str = "order.refunded";
+
+/// Every type on the `orders` topic: each of its consumers knows them all, and
+/// dead-letters any other, so a consumer learns a new type before anything emits it.
+pub const ORDERS_TYPES: [&str; 4] = [
+    ORDER_CREATED,
+    ORDER_CONFIRMED,
+    ORDER_CANCELLED,
+    ORDER_REFUNDED,
+];
+/// Every type on the `payments` topic.
+pub const PAYMENTS_TYPES: [&str; 4] = [
+    PAYMENT_SUCCEEDED,
+    PAYMENT_FAILED,
+    PAYMENT_REFUNDED,
+    PAYMENT_VOIDED,
+];
+
+/// Why order-service cancelled an order that its payment did not: the customer asked
+/// (`POST /v1/orders/{id}/cancel`).
+pub const CANCELLED_BY_CUSTOMER: &str = "customer";
+/// Why order-service cancelled an order that its payment did not: it was still
+/// `pending` past `ORDER_PAYMENT_TIMEOUT`.
+pub const CANCELLED_FOR_TIMEOUT: &str = "timeout";
 
 /// The id of the payment result answering the `order.created` event `order_created_id`.
 pub fn payment_result_id(order_created_id: &str) -> String {
     format!("{order_created_id}:payment")
 }
 
-/// The id of the one terminal event (`order.confirmed` or `order.cancelled`) of an order.
+/// The id of the payment's outcome for an order: `order.confirmed`, or `order.cancelled`
+/// for a declined payment.
 pub fn order_outcome_id(order_id: Uuid) -> String {
     format!("{order_id}:outcome")
 }
 
-/// The id of the notification sent for the terminal event `outcome_event_id`.
-pub fn notification_id(outcome_event_id: &str) -> String {
-    format!("{outcome_event_id}:notification")
+/// The id of the `order.cancelled` that order-service writes when the customer or the
+/// deadline cancels an order.
+pub fn cancellation_id(order_id: Uuid) -> String {
+    format!("{order_id}:cancel")
+}
+
+/// Whether `event_id` is one of the ids order-service gives an order's `order.cancelled`:
+/// only those are the order's state. A cancellation with any other id was not written by
+/// order-service (a replay typed by hand with a new id, say), and moves no money.
+pub fn is_order_services_cancellation(event_id: &str, order_id: Uuid) -> bool {
+    event_id == order_outcome_id(order_id) || event_id == cancellation_id(order_id)
+}
+
+/// The id of an order's `payment.refunded`; also the refund's idempotency key at the
+/// provider. One per order: an order is charged once, and refunded at most once.
+pub fn refund_id(order_id: Uuid) -> String {
+    format!("{order_id}:refund")
+}
+
+/// The id of the `payment.voided` answering the cancellation `cancellation_event_id`.
+pub fn voided_id(cancellation_event_id: &str) -> String {
+    format!("{cancellation_event_id}:voided")
+}
+
+/// The id of the `order.refunded` order-service announces for an order.
+pub fn order_refunded_id(order_id: Uuid) -> String {
+    format!("{order_id}:refunded")
+}
+
+/// The id of the notification sent for the order event `order_event_id`.
+pub fn notification_id(order_event_id: &str) -> String {
+    format!("{order_event_id}:notification")
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -62,7 +128,8 @@ pub struct PaymentResult {
     pub reason: Option<String>,
 }
 
-/// `order.confirmed` / `order.cancelled`: the saga's decided outcome for an order.
+/// `order.confirmed` / `order.cancelled`: the saga's decided outcome for an order, or a
+/// later cancellation of it (`reason`: [`CANCELLED_BY_CUSTOMER`], [`CANCELLED_FOR_TIMEOUT`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OrderOutcome {
     pub order_id: Uuid,
@@ -80,4 +147,33 @@ pub struct NotificationSent {
     pub order_id: Uuid,
     pub customer_id: String,
     pub message: String,
+}
+
+/// `payment.refunded`: the order's charge was refunded at the provider, a new transaction
+/// there that leaves the charge standing and pays its amount back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PaymentRefunded {
+    pub order_id: Uuid,
+    pub amount_cents: i64,
+    /// The provider's ids: the charge refunded, and the refund.
+    pub charge_id: String,
+    pub refund_id: String,
+}
+
+/// `payment.voided`: the order's cancellation found nothing charged, and payment-service
+/// recorded that nothing ever will be.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PaymentVoided {
+    pub order_id: Uuid,
+    /// Why there was nothing to refund: `declined` (the charge failed) or `not_charged`.
+    pub reason: String,
+}
+
+/// `order.refunded`: order-service's record that a cancelled order's charge was paid
+/// back, for the customer to be told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OrderRefunded {
+    pub order_id: Uuid,
+    pub customer_id: String,
+    pub amount_cents: i64,
 }

@@ -16,7 +16,9 @@
 //!
 //! Two are not crashes but bugs on purpose, to show what a guard is for:
 //! [`FRESH_CHARGE_KEY`] makes payment-service send a new idempotency key on every call to
-//! the card provider, so that a lost answer followed by the retry charges twice, and
+//! the card provider, so that a lost answer followed by the retry charges twice,
+//! [`FRESH_REFUND_KEY`] does the same to its refunds, so that a lost refund's retry
+//! refunds twice, and
 //! [`RELAY_ACKS_ONE`] makes a relay trust a partition's leader alone (and with it the
 //! dead letters, which its consumer sends with the relay's producer), so that on a
 //! cluster a leader's death loses a published event; the fault suite's checker must say
@@ -48,18 +50,23 @@ pub const API_BEFORE_COMMIT: &str = "api.before-commit";
 /// each call to the provider instead of the order's one.
 pub const FRESH_CHARGE_KEY: &str = "charge.fresh-key";
 
+/// Not a crash: while armed (`return`), payment-service sends a fresh idempotency key on
+/// each refund it asks the provider for instead of the order's one.
+pub const FRESH_REFUND_KEY: &str = "refund.fresh-key";
+
 /// Not a crash: armed (`return`) when a relay starts, its producer takes a write as
 /// acknowledged once the partition's leader has it (`acks=1`, idempotence off) instead of
 /// once the in-sync replicas do, so that a leader dying before its followers copied a
 /// record loses it after the relay marked its row published.
 pub const RELAY_ACKS_ONE: &str = "relay.acks-one";
 
-const ALL: [&str; 6] = [
+const ALL: [&str; 7] = [
     CONSUMER_AFTER_HANDLER,
     RELAY_AFTER_ACK,
     HANDLER_BEFORE_COMMIT,
     API_BEFORE_COMMIT,
     FRESH_CHARGE_KEY,
+    FRESH_REFUND_KEY,
     RELAY_ACKS_ONE,
 ];
 

@@ -59,6 +59,11 @@ pub enum HandlerError {
     /// lost: it is asked again, the same way, until it answers.
     #[error("{0}")]
     Unavailable(String),
+    /// What [`Handler::prepare`] learnt is out of date by the time the transaction looked
+    /// (a charge committed since, say): nothing is committed, and the event is prepared
+    /// again, from what is committed now.
+    #[error("{0}")]
+    Stale(String),
 }
 
 impl From<EnvelopeError> for HandlerError {
@@ -79,13 +84,16 @@ impl HandlerError {
             HandlerError::Database(_) => "database",
             HandlerError::Pool(_) => "pool",
             HandlerError::Unavailable(_) => "unavailable",
+            HandlerError::Stale(_) => "stale",
         }
     }
 
     pub fn retry(&self) -> Retry {
         match self {
             HandlerError::Rejected(_) => Retry::Never,
-            HandlerError::Pool(_) | HandlerError::Unavailable(_) => Retry::UntilItWorks,
+            HandlerError::Pool(_) | HandlerError::Unavailable(_) | HandlerError::Stale(_) => {
+                Retry::UntilItWorks
+            }
             HandlerError::Database(error) => classify_postgres(error),
         }
     }
@@ -256,5 +264,60 @@ impl<H: Handler> Applier<H> {
         failpoint::crash_point_for(failpoint::HANDLER_BEFORE_COMMIT, to_apply);
         tx.commit().await?;
         Ok(outcomes)
+    }
+}
+
+/// Two handlers of one topic, each applying its own event types: an event goes to the
+/// first whose [`decode`](Handler::decode) takes it. Each must know every type of the
+/// topic, answering `Ok(None)` for the other's and rejecting any type the topic does not
+/// carry, so that an unknown type is dead-lettered whichever decodes first.
+pub struct Pair<A, B>(pub A, pub B);
+
+/// What [`Pair`] hands on: the first handler's, or the second's.
+#[derive(Debug)]
+pub enum Either<L, R> {
+    First(L),
+    Second(R),
+}
+
+impl<A: Handler, B: Handler> Handler for Pair<A, B> {
+    type Command = Either<A::Command, B::Command>;
+    type Prepared = Either<A::Prepared, B::Prepared>;
+
+    fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError> {
+        if let Some(command) = self.0.decode(event)? {
+            return Ok(Some(Either::First(command)));
+        }
+        Ok(self.1.decode(event)?.map(Either::Second))
+    }
+
+    async fn prepare(
+        &self,
+        pool: &Pool,
+        event: &Envelope,
+        command: Self::Command,
+    ) -> Result<Step<Self::Prepared>, HandlerError> {
+        Ok(match command {
+            Either::First(command) => match self.0.prepare(pool, event, command).await? {
+                Step::Apply(prepared) => Step::Apply(Either::First(prepared)),
+                Step::Done(outcome) => Step::Done(outcome),
+            },
+            Either::Second(command) => match self.1.prepare(pool, event, command).await? {
+                Step::Apply(prepared) => Step::Apply(Either::Second(prepared)),
+                Step::Done(outcome) => Step::Done(outcome),
+            },
+        })
+    }
+
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        prepared: Self::Prepared,
+    ) -> Result<Outcome, HandlerError> {
+        match prepared {
+            Either::First(prepared) => self.0.apply(tx, event, prepared).await,
+            Either::Second(prepared) => self.1.apply(tx, event, prepared).await,
+        }
     }
 }
