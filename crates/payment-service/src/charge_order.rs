@@ -31,6 +31,7 @@ use saga::outbox::{self, NewEvent};
 use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, Transaction, failpoint};
 use uuid::Uuid;
 
+use crate::late_charge;
 use crate::provider::{Answer, ChargeRequest, Provider};
 
 /// The orders' prices are in US cents.
@@ -62,6 +63,9 @@ pub enum Charge {
     Answered { order: OrderCreated, answer: Answer },
     /// The order had a payment before this event arrived: nothing was asked.
     AlreadyCharged,
+    /// The order was cancelled before this event arrived, and a charge for it stood at
+    /// the provider all the same: refunded now.
+    Late(late_charge::Refunded),
 }
 
 impl Handler for ChargeOrder {
@@ -71,8 +75,11 @@ impl Handler for ChargeOrder {
     fn decode(&self, event: &Envelope) -> Result<Option<OrderCreated>, HandlerError> {
         match event.event_type.as_str() {
             events::ORDER_CREATED => {}
-            // The saga's outcomes share the topic; they are notification-service's.
-            events::ORDER_CONFIRMED | events::ORDER_CANCELLED => return Ok(None),
+            // The saga's outcomes share the topic: notification-service's, and a
+            // cancellation RefundOrder's.
+            events::ORDER_CONFIRMED | events::ORDER_CANCELLED | events::ORDER_REFUNDED => {
+                return Ok(None);
+            }
             other => {
                 return Err(HandlerError::rejected(format!(
                     "unknown event type `{other}` on the orders topic"
@@ -93,6 +100,14 @@ impl Handler for ChargeOrder {
         match already_handled(pool, event, order.order_id).await? {
             Some(Known::Event) => return Ok(Step::Done(Outcome::Duplicate)),
             Some(Known::Order) => return Ok(Step::Apply(Charge::AlreadyCharged)),
+            Some(Known::Cancelled) => {
+                return Ok(Step::Apply(
+                    match late_charge::refund(&self.provider, order.order_id).await? {
+                        Some(refunded) => Charge::Late(refunded),
+                        None => Charge::AlreadyCharged,
+                    },
+                ));
+            }
             None => {}
         }
         let key = if failpoint::fires(failpoint::FRESH_CHARGE_KEY) {
@@ -124,6 +139,9 @@ impl Handler for ChargeOrder {
         let answered = match &charge {
             Charge::Answered { order, answer } => Some((order, answer)),
             Charge::AlreadyCharged => None,
+            Charge::Late(refunded) => {
+                return late_charge::record(tx, &self.topics, event, refunded).await;
+            }
         };
         charge_order(tx, &self.topics, event, answered).await
     }
@@ -135,6 +153,8 @@ enum Known {
     Event,
     /// Its order has a payment.
     Order,
+    /// Its order was cancelled before it was charged: its payment is a tombstone.
+    Cancelled,
 }
 
 /// Guards 1 and 2 read ahead: is the event in the inbox, has the order a payment? The
@@ -142,7 +162,7 @@ enum Known {
 /// does before the call.
 pub const READ_AHEAD: &str = "
     SELECT EXISTS (SELECT 1 FROM processed_events WHERE event_id = $1),
-           EXISTS (SELECT 1 FROM payments WHERE order_id = $2)";
+           (SELECT status = 'voided' AND refund_id IS NULL FROM payments WHERE order_id = $2)";
 
 /// Guards 1 and 2 read ahead, outside any transaction, so that a known duplicate makes no
 /// call. Only a shortcut: the transaction checks both again, with locks.
@@ -160,8 +180,9 @@ async fn already_handled(
         .await?;
     Ok(match (row.get(0), row.get(1)) {
         (true, _) => Some(Known::Event),
-        (false, true) => Some(Known::Order),
-        (false, false) => None,
+        (false, Some(true)) => Some(Known::Cancelled),
+        (false, Some(false)) => Some(Known::Order),
+        (false, None) => None,
     })
 }
 
@@ -216,6 +237,13 @@ pub async fn charge_order(
         )
         .await?;
     if inserted == 0 {
+        if status == "succeeded" && late_charge::met_tombstone(tx, order.order_id).await? {
+            return Err(HandlerError::Stale(format!(
+                "order {} was cancelled while its charge {} was made: prepared again, to refund it",
+                order.order_id,
+                charge_id.map_or("", String::as_str)
+            )));
+        }
         return Ok(Outcome::Guarded);
     }
 

@@ -1,24 +1,34 @@
-//! payment-service: charges each new order once and announces the result.
+//! payment-service: charges each new order once and announces the result; refunds a
+//! cancelled order's charge once, and answers every cancellation.
 //!
 //! - [`charge_order`]: consumes `order.created` from `orders`, asks the card provider to
 //!   charge it (outside any transaction, with a key that makes the call safe to repeat),
 //!   then records the payment and enqueues `payment.succeeded` / `payment.failed`, in one
 //!   transaction.
+//! - [`refund_order`]: consumes `order.cancelled` from `orders`, refunds the charge that
+//!   stands for it (the same way: outside, with a key), then records the refund, or a
+//!   tombstone where nothing was charged, and enqueues `payment.refunded` /
+//!   `payment.voided`, in one transaction.
+//! - [`late_charge`]: a charge that lands after its order's cancellation is refunded.
 //! - [`provider`]: the HTTP client of the provider (payment-provider, or any service
 //!   with its API), and what each of its answers means.
 
 pub mod charge_order;
+pub mod late_charge;
 pub mod provider;
+pub mod refund_order;
 
 use std::net::SocketAddr;
 
 use clap::Parser;
 use saga::config::{DatabaseConfig, HttpLimits, KafkaConfig, RetentionConfig};
+use saga::handler::Pair;
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
 pub use charge_order::ChargeOrder;
 pub use provider::{Provider, ProviderConfig};
+pub use refund_order::RefundOrder;
 
 pub const SERVICE: &str = "payment-service";
 
@@ -79,7 +89,10 @@ impl Application {
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
-        let handler = ChargeOrder::new(topics.clone(), self.provider);
+        let handler = Pair(
+            ChargeOrder::new(topics.clone(), self.provider.clone()),
+            RefundOrder::new(topics.clone(), self.provider),
+        );
         let subscription = Subscription {
             topic: topics.orders.clone(),
             handler,
