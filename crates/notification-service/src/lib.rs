@@ -1,11 +1,13 @@
-//! notification-service: tells each customer the saga's outcome for their order, once.
+//! notification-service: tells each customer what became of their order, once per kind
+//! of news.
 //!
-//! - [`notify_customer`]: consumes `order.confirmed` / `order.cancelled` from `orders`,
-//!   records the notification and enqueues `notification.sent`, in one transaction.
+//! - [`notify_customer`]: consumes `order.confirmed`, `order.cancelled` and
+//!   `order.refunded` from `orders`, records the notification and enqueues
+//!   `notification.sent`, in one transaction.
 //!
-//! It listens to the order's *decided* outcome, never to payment results: a payment
-//! result that the saga rejected (a late `payment.failed` for a confirmed order) never
-//! reaches the customer.
+//! It listens to the order's *decided* state, never to payment results: a payment result
+//! that the saga rejected (a late `payment.failed` for a confirmed order) never reaches
+//! the customer, and a refund reaches them as order-service recorded it.
 
 pub mod notify_customer;
 
