@@ -2,12 +2,13 @@
 //! `Retry-After`, while more orders are in flight than the saga settles in the time a
 //! customer should wait, and accepts again once they have drained.
 //!
-//! The measure is the count of `pending` orders: every order placed and not yet
-//! confirmed or cancelled, wherever it waits (the outbox, a topic, payment-service, the
-//! card provider, the way back). By Little's law the time an order takes is that count
+//! The measure is the count of unsettled orders: every order placed and not yet
+//! confirmed or cancelled, or cancelled and its cancellation not yet answered by
+//! payment-service, wherever it waits (the outbox, a topic, payment-service, the card
+//! provider, the way back). By Little's law the time an order takes is that count
 //! over the rate the saga settles them, so a cap on the count is a cap on the wait at a
 //! given rate; and it needs nothing but order-service's own database. It drains by
-//! itself as the saga catches up, unlike the age of the oldest pending order, which one
+//! itself as the saga catches up, unlike the age of the oldest unsettled order, which one
 //! order stuck for good (its event dead-lettered, waiting for a redrive) would hold up
 //! for ever: such an order counts one, until it settles.
 //!
@@ -23,7 +24,7 @@
 //! look lower and the cap tighter, never looser. The floor is the cap while the rate is
 //! not known yet or the saga has stopped: then no rate would allow anything.
 //!
-//! A watcher counts the pending orders every `ADMISSION_POLL_INTERVAL`; every order
+//! A watcher counts the unsettled orders every `ADMISSION_POLL_INTERVAL`; every order
 //! placed here since the count began counts one more, so a burst cannot overshoot the
 //! cap by an interval's worth, and a count that raced with a placement cannot forget it:
 //! an order committed while the count ran is counted twice until the next count (early
@@ -43,7 +44,8 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Args)]
 pub struct AdmissionConfig {
-    /// Orders in flight (placed, not yet confirmed or cancelled) past which `POST
+    /// Orders in flight (placed, not yet settled: confirmed, or cancelled and the
+    /// cancellation answered) past which `POST
     /// /v1/orders` answers `503 saga_behind` with `Retry-After` instead of placing one
     /// more, unless the saga settles more than that in `ADMISSION_MAX_WAIT`; 0 turns
     /// admission control off.
@@ -96,7 +98,7 @@ pub struct Admission {
 struct Counts {
     /// Orders placed here since start.
     placed: AtomicU64,
-    /// The last count of the database's pending orders, `placed` as it was just before
+    /// The last count of the database's unsettled orders, `placed` as it was just before
     /// that count began, and the cap made with it: read together, under one lock.
     last: Mutex<(u64, u64, u64)>,
 }
@@ -173,7 +175,7 @@ impl Admission {
         self.floor.max(at_rate)
     }
 
-    /// Takes a count of the database's pending orders, begun when `placed_then` orders
+    /// Takes a count of the database's unsettled orders, begun when `placed_then` orders
     /// had been placed here, and the cap it makes at a settle rate of `per_second`.
     fn counted(&self, pending: u64, placed_then: u64, per_second: f64) -> u64 {
         let limit = self.limit_at(per_second);
@@ -249,9 +251,9 @@ impl SettleRate {
 
 async fn count_in_flight(pool: &Pool) -> anyhow::Result<u64> {
     let client = pool.get().await?;
-    // An index-only scan of the partial index `orders_pending`, as small as the count.
+    // An index-only scan of the partial index `orders_unsettled`, as small as the count.
     let row = client
-        .query_one("SELECT count(*) FROM orders WHERE status = 'pending'", &[])
+        .query_one("SELECT count(*) FROM orders WHERE settled_at IS NULL", &[])
         .await?;
     Ok(row.get::<_, i64>(0).max(0) as u64)
 }

@@ -6,7 +6,10 @@
 //!
 //! `POST /v1/orders` honours an `Idempotency-Key` header ([`saga::idempotency`]): a retry
 //! with the key of a placed order gets that order's `201` again, byte for byte, with
-//! `Idempotent-Replayed: true`, and places nothing.
+//! `Idempotent-Replayed: true`, and places nothing. So does `POST
+//! /v1/orders/{id}/cancel` ([`cancel`]).
+
+mod cancel;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -28,7 +31,9 @@ use saga::events::OrderItem;
 use utoipa::{OpenApi, ToSchema};
 
 use crate::admission::{Admission, Behind};
-use crate::orders::{self, Keyed, NewLine, Order, OrderStatus, PlaceOrderError, Placed};
+use crate::orders::{
+    self, Keyed, NewLine, Order, OrderStatus, PlaceOrderError, Placed, RefundState,
+};
 
 /// More than this many units of one product is a typo, not an order.
 const MAX_QUANTITY: i32 = 1000;
@@ -56,6 +61,7 @@ pub fn router(
     Router::new()
         .route(ORDERS, post(place_order))
         .route("/v1/orders/{id}", get(get_order))
+        .route("/v1/orders/{id}/cancel", post(cancel::cancel_order))
         .route(
             "/openapi.json",
             get(|| async { axum::Json(ApiDoc::openapi()) }),
@@ -78,13 +84,14 @@ pub fn router(
         description = "Places orders, which the saga charges and settles; reads them back. \
                        Every error is the JSON error, `{\"error\": {\"code\", \"message\"}}`."
     ),
-    paths(place_order, get_order),
+    paths(place_order, get_order, cancel::cancel_order),
     components(schemas(
         PlaceOrder,
         LineItem,
         Order,
         OrderItem,
         OrderStatus,
+        RefundState,
         ErrorBody,
         ErrorDetail
     ))
@@ -217,16 +224,7 @@ async fn place_order(
         keyed,
     )
     .await
-    .map_err(|error| match error {
-        PlaceOrderError::UnknownProduct { index, product_id } => ApiError::field(
-            format!("items[{index}].product_id"),
-            format!("unknown product {product_id}"),
-        ),
-        PlaceOrderError::KeyReused => ApiError::IdempotencyKeyReused,
-        PlaceOrderError::KeyInUse => ApiError::IdempotencyKeyInUse,
-        PlaceOrderError::Pool(error) => ApiError::Unavailable(error.to_string()),
-        PlaceOrderError::Database(error) => database_error(error),
-    })?;
+    .map_err(key_error)?;
     let key = key.as_ref().map(IdempotencyKey::as_str);
     Ok(match placed {
         Placed::New { order, body } => {
@@ -246,6 +244,20 @@ async fn place_order(
             idempotency::replay(status, &location(order_id), body)
         }
     })
+}
+
+/// What placing or cancelling an order failed with, as the API answers it.
+fn key_error(error: PlaceOrderError) -> ApiError {
+    match error {
+        PlaceOrderError::UnknownProduct { index, product_id } => ApiError::field(
+            format!("items[{index}].product_id"),
+            format!("unknown product {product_id}"),
+        ),
+        PlaceOrderError::KeyReused => ApiError::IdempotencyKeyReused,
+        PlaceOrderError::KeyInUse => ApiError::IdempotencyKeyInUse,
+        PlaceOrderError::Pool(error) => ApiError::Unavailable(error.to_string()),
+        PlaceOrderError::Database(error) => database_error(error),
+    }
 }
 
 fn location(order_id: Uuid) -> String {

@@ -38,9 +38,12 @@ impl Handler for ApplyPaymentResult {
         let decided = match event.event_type.as_str() {
             events::PAYMENT_SUCCEEDED => OrderStatus::Confirmed,
             events::PAYMENT_FAILED => OrderStatus::Cancelled,
+            // payment-service's answers to a cancellation: SettleCancellation's.
+            events::PAYMENT_REFUNDED | events::PAYMENT_VOIDED => return Ok(None),
             other => {
                 return Err(HandlerError::rejected(format!(
-                    "unknown event type `{other}`: the payments topic carries payment.succeeded and payment.failed"
+                    "unknown event type `{other}`: the payments topic carries {}",
+                    events::PAYMENTS_TYPES.join(", ")
                 )));
             }
         };
@@ -73,9 +76,13 @@ impl Handler for ApplyPaymentResult {
 pub const LOCK_ORDER: &str =
     "SELECT status, customer_id, amount_cents FROM orders WHERE id = $1 FOR UPDATE";
 
-/// The state change, pipelined: nothing reads its result.
-pub const SET_OUTCOME: &str =
-    "UPDATE orders SET status = $2, cancel_reason = $3, updated_at = now() WHERE id = $1";
+/// The state change, pipelined: nothing reads its result. A confirmed order has settled;
+/// a cancelled one waits for payment-service to answer its cancellation.
+pub const SET_OUTCOME: &str = "
+    UPDATE orders
+       SET status = $2, cancel_reason = $3, updated_at = now(),
+           settled_at = CASE WHEN $2 = 'confirmed' THEN now() END
+     WHERE id = $1";
 
 /// Applies `payment` to its order in `tx`, which the consumer opened and commits when
 /// this returns `Ok`, whatever the outcome.

@@ -2,9 +2,15 @@
 //!
 //! - [`api`]: `POST /v1/orders` places a `pending` order and, in the same transaction,
 //!   the `order.created` event and the request's `Idempotency-Key`, so a client's retry
-//!   gets the first answer back; `GET /v1/orders/{id}` shows where it stands.
-//! - [`apply_payment_result`]: consumes `payments` and moves the order to `confirmed` or
-//!   `cancelled`, exactly once, whatever the delivery layer repeats or reorders.
+//!   gets the first answer back; `GET /v1/orders/{id}` shows where it stands;
+//!   `POST /v1/orders/{id}/cancel` cancels one ([`cancel`]).
+//! - [`apply_payment_result`]: consumes the payment's result from `payments` and moves
+//!   the order to `confirmed` or `cancelled`, exactly once, whatever the delivery layer
+//!   repeats or reorders.
+//! - [`cancel`]: a cancellation by the customer or the deadline, one transaction with its
+//!   `order.cancelled`; [`deadline`] sweeps for the orders that never settle.
+//! - [`settle_cancellation`]: consumes payment-service's answer to a cancellation from
+//!   `payments`: the order has settled, and a refund is announced as `order.refunded`.
 //! - [`orders`]: the order aggregate's SQL.
 //! - [`admission`]: while the saga has too many orders in flight, new ones are refused
 //!   (`503 saga_behind`) rather than accepted to wait.
@@ -12,19 +18,25 @@
 pub mod admission;
 pub mod api;
 pub mod apply_payment_result;
+pub mod cancel;
+pub mod deadline;
 pub mod orders;
+pub mod settle_cancellation;
 
 use std::net::SocketAddr;
 
 use clap::Parser;
 use saga::config::{DatabaseConfig, HttpLimits, IdempotencyConfig, KafkaConfig, RetentionConfig};
+use saga::handler::Pair;
 use saga::retention::Target;
 use saga::service::{Service, Subscription};
 use tokio_util::sync::CancellationToken;
 
 pub use apply_payment_result::ApplyPaymentResult;
+pub use settle_cancellation::SettleCancellation;
 
 use crate::admission::{Admission, AdmissionConfig};
+use crate::deadline::DeadlineConfig;
 
 pub const SERVICE: &str = "order-service";
 
@@ -56,6 +68,8 @@ pub struct Config {
     pub http: HttpLimits,
     #[command(flatten)]
     pub admission: AdmissionConfig,
+    #[command(flatten)]
+    pub deadline: DeadlineConfig,
     /// Where the order API and `/health` listen; port 0 picks a free port.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
@@ -65,6 +79,7 @@ pub struct Application {
     service: Service,
     idempotency: IdempotencyConfig,
     admission: AdmissionConfig,
+    deadline: DeadlineConfig,
 }
 
 impl Application {
@@ -86,6 +101,7 @@ impl Application {
             service,
             idempotency: config.idempotency,
             admission: config.admission,
+            deadline: config.deadline,
         })
     }
 
@@ -98,6 +114,16 @@ impl Application {
         let (admission, watcher) =
             Admission::new(self.service.pool.clone(), &self.admission, shutdown.clone());
         self.service.run_also("admission", watcher);
+        self.service.run_also(
+            "deadline",
+            deadline::sweep(
+                self.service.pool.clone(),
+                self.service.relay.clone(),
+                topics.clone(),
+                self.deadline,
+                shutdown.clone(),
+            ),
+        );
         let router = api::router(
             self.service.pool.clone(),
             self.service.relay.clone(),
@@ -105,7 +131,10 @@ impl Application {
             self.idempotency,
             admission,
         );
-        let handler = ApplyPaymentResult::new(topics.clone());
+        let handler = Pair(
+            ApplyPaymentResult::new(topics.clone()),
+            SettleCancellation::new(topics.clone()),
+        );
         let subscription = Subscription {
             topic: topics.payments.clone(),
             handler,

@@ -56,15 +56,45 @@ pub struct Order {
     pub status: OrderStatus,
     pub amount_cents: i64,
     pub items: Vec<OrderItem>,
-    /// Why it was cancelled; only on a cancelled order.
+    /// Why it was cancelled; only on a cancelled order: the payment's decline reason,
+    /// `customer` (`POST /v1/orders/{id}/cancel`), or `timeout` (still pending past the
+    /// deadline).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
+    /// What became of the charge; only on a cancelled order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refund: Option<RefundState>,
     #[serde(with = "time::serde::rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub updated_at: OffsetDateTime,
+}
+
+/// What became of a cancelled order's charge, as payment-service reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundState {
+    /// payment-service has not answered the cancellation yet: if the card was charged, a
+    /// refund follows.
+    Pending,
+    /// The charge was refunded.
+    Refunded,
+    /// Nothing was charged, and nothing will be.
+    NotCharged,
+}
+
+impl RefundState {
+    /// The state of an order with these columns.
+    pub fn of(status: OrderStatus, refund_id: Option<&str>, settled: bool) -> Option<Self> {
+        match (status, refund_id, settled) {
+            (OrderStatus::Cancelled, Some(_), _) => Some(RefundState::Refunded),
+            (OrderStatus::Cancelled, None, true) => Some(RefundState::NotCharged),
+            (OrderStatus::Cancelled, None, false) => Some(RefundState::Pending),
+            _ => None,
+        }
+    }
 }
 
 /// A line of a new order, already validated for shape.
@@ -184,34 +214,10 @@ pub async fn place_order(
     let order = price(&tx, customer_id, lines).await?;
     let body = serde_json::to_string(&order).expect("an order serializes");
 
-    if let Some(keyed) = &keyed {
-        // A second request with the same key blocks on this insert until the first
-        // commits (it then sees the key and replays) or rolls back (it then claims the key
-        // and places the order itself); lock_timeout bounds that wait. Zero would mean no
-        // bound, so the shortest wait is a millisecond.
-        let wait = format!("{}ms", keyed.wait.as_millis().max(1));
-        tx.pipeline(tx.prepare_cached(KEY_WAIT).await?, vec![Box::new(wait)]);
-        // An expired key is a new request: its row is taken over, not replayed.
-        let claimed = tx
-            .query_opt(
-                &tx.prepare_cached(CLAIM_KEY).await?,
-                &[
-                    &keyed.key.as_str(),
-                    &keyed.fingerprint.as_bytes(),
-                    &order.id,
-                    &(CREATED.as_u16() as i16),
-                    &body,
-                    &keyed.ttl.as_secs_f64(),
-                ],
-            )
-            .await
-            .map_err(|error| match error.code() {
-                Some(&SqlState::LOCK_NOT_AVAILABLE) => PlaceOrderError::KeyInUse,
-                _ => error.into(),
-            })?;
-        if claimed.is_none() {
-            return replay(&tx, keyed).await;
-        }
+    if let Some(keyed) = &keyed
+        && let Some(replayed) = claim_key(&tx, keyed, order.id, CREATED, &body).await?
+    {
+        return Ok(replayed);
     }
 
     tx.pipeline(tx.prepare_cached(INSERT_ORDER).await?, order_row(&order));
@@ -274,9 +280,50 @@ async fn price(
         amount_cents,
         items,
         cancel_reason: None,
+        refund: None,
         created_at: placed_at,
         updated_at: placed_at,
     })
+}
+
+/// Claims `keyed`'s key in `tx` with the answer this request is about to give about
+/// `order_id`; `Some` with the stored answer when an earlier request claimed it.
+///
+/// A second request with the same key blocks on the claim until the first commits (it
+/// then sees the key and replays) or rolls back (it then claims the key and does the
+/// work itself); lock_timeout bounds that wait.
+pub async fn claim_key(
+    tx: &Transaction<'_>,
+    keyed: &Keyed<'_>,
+    order_id: Uuid,
+    status: StatusCode,
+    body: &str,
+) -> Result<Option<Placed>, PlaceOrderError> {
+    // Zero would mean no bound, so the shortest wait is a millisecond.
+    let wait = format!("{}ms", keyed.wait.as_millis().max(1));
+    tx.pipeline(tx.prepare_cached(KEY_WAIT).await?, vec![Box::new(wait)]);
+    // An expired key is a new request: its row is taken over, not replayed.
+    let claimed = tx
+        .query_opt(
+            &tx.prepare_cached(CLAIM_KEY).await?,
+            &[
+                &keyed.key.as_str(),
+                &keyed.fingerprint.as_bytes(),
+                &order_id,
+                &(status.as_u16() as i16),
+                &body,
+                &keyed.ttl.as_secs_f64(),
+            ],
+        )
+        .await
+        .map_err(|error| match error.code() {
+            Some(&SqlState::LOCK_NOT_AVAILABLE) => PlaceOrderError::KeyInUse,
+            _ => error.into(),
+        })?;
+    match claimed {
+        Some(_) => Ok(None),
+        None => replay(tx, keyed).await.map(Some),
+    }
 }
 
 /// The answer stored with `keyed`'s key, claimed by an earlier request: replayed if that
@@ -339,7 +386,8 @@ pub async fn find_order(
 ) -> Result<Option<Order>, tokio_postgres::Error> {
     let Some(row) = client
         .query_opt(
-            "SELECT customer_id, status, amount_cents, cancel_reason, created_at, updated_at
+            "SELECT customer_id, status, amount_cents, cancel_reason, refund_id,
+                    settled_at IS NOT NULL AS settled, created_at, updated_at
                FROM orders WHERE id = $1",
             &[&order_id],
         )
@@ -347,13 +395,23 @@ pub async fn find_order(
     else {
         return Ok(None);
     };
-    let items = client
-        .query(
-            "SELECT product_id, quantity, unit_price_cents
-               FROM order_items WHERE order_id = $1 ORDER BY product_id",
-            &[&order_id],
-        )
-        .await?
+    let items = client.query(ITEMS, &[&order_id]).await?;
+    Ok(Some(order_from_rows(order_id, &row, &items)))
+}
+
+/// An order's items, as [`order_from_rows`] reads them.
+pub const ITEMS: &str = "
+    SELECT product_id, quantity, unit_price_cents
+      FROM order_items WHERE order_id = $1 ORDER BY product_id";
+
+/// The order `order_id`, from its row (the columns [`find_order`] reads) and its
+/// [`ITEMS`].
+pub fn order_from_rows(
+    order_id: Uuid,
+    row: &tokio_postgres::Row,
+    items: &[tokio_postgres::Row],
+) -> Order {
+    let items = items
         .iter()
         .map(|item| OrderItem {
             product_id: item.get("product_id"),
@@ -361,14 +419,16 @@ pub async fn find_order(
             unit_price_cents: item.get("unit_price_cents"),
         })
         .collect();
-    Ok(Some(Order {
+    let status = OrderStatus::from_db(row.get("status"));
+    Order {
         id: order_id,
         customer_id: row.get("customer_id"),
-        status: OrderStatus::from_db(row.get("status")),
+        status,
         amount_cents: row.get("amount_cents"),
         items,
         cancel_reason: row.get("cancel_reason"),
+        refund: RefundState::of(status, row.get("refund_id"), row.get("settled")),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
-    }))
+    }
 }

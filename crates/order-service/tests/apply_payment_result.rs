@@ -284,10 +284,10 @@ async fn a_result_for_an_unknown_order_is_rejected_and_not_recorded() {
 async fn an_unknown_event_type_is_rejected() {
     let f = fixture().await;
     let order_id = f.pending_order().await;
-    let event = payment_result("x", "payment.refunded", order_id);
+    let event = payment_result("x", "payment.disputed", order_id);
 
     let error = f.handler.apply(&event).await.unwrap_err();
 
-    assert!(error.to_string().contains("payment.refunded"), "{error}");
+    assert!(error.to_string().contains("payment.disputed"), "{error}");
     assert_eq!(f.status(order_id).await, "pending");
 }

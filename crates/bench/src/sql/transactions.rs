@@ -426,7 +426,12 @@ impl Transaction {
             amount_cents: PRICE_CENTS * i64::from(QUANTITY),
             reason: None,
         };
-        let message = notification_service::notify_customer::message(&outcome, true);
+        let message = notify_customer::message(
+            outcome.order_id,
+            outcome.amount_cents,
+            None,
+            notify_customer::Kind::Confirmed,
+        );
         let payload = saga::events::NotificationSent {
             order_id: outcome.order_id,
             customer_id: outcome.customer_id.clone(),

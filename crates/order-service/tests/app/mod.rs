@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use order_service::admission::AdmissionConfig;
+use order_service::deadline::DeadlineConfig;
 use order_service::{Application, Config};
 use reqwest::header::HeaderMap;
 use saga::config::{
@@ -66,6 +67,7 @@ pub fn config(db: &TestDatabase, kafka: &TestKafka, idempotency: IdempotencyConf
         http_addr: "127.0.0.1:0".parse().unwrap(),
         http: HttpLimits::default(),
         admission: AdmissionConfig::default(),
+        deadline: DeadlineConfig::default(),
     }
 }
 
@@ -129,6 +131,22 @@ impl TestApp {
             .post(format!("{}/v1/orders", self.base))
             .header("content-type", content_type)
             .body(body.to_owned());
+        for key in keys {
+            request = request.header("idempotency-key", *key);
+        }
+        let response = request.send().await.unwrap();
+        Answer {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            text: response.text().await.unwrap(),
+        }
+    }
+
+    /// `POST /v1/orders/{order_id}/cancel`, with each of `keys` as an `Idempotency-Key`.
+    pub async fn cancel(&self, order_id: &str, keys: &[&str]) -> Answer {
+        let mut request = self
+            .http
+            .post(format!("{}/v1/orders/{order_id}/cancel", self.base));
         for key in keys {
             request = request.header("idempotency-key", *key);
         }
