@@ -150,7 +150,10 @@ async fn read_notifications(stack: &Stack) -> HashMap<Uuid, Vec<Effect>> {
     for r in rows(
         stack,
         crate::NOTIFICATION_SERVICE,
-        "SELECT order_id, event_id, outcome FROM notifications",
+        // The status a notification of the payment's outcome tells: a declined payment
+        // cancelled the order.
+        "SELECT order_id, event_id, CASE kind WHEN 'declined' THEN 'cancelled' ELSE kind END
+           FROM notifications",
     )
     .await
     {

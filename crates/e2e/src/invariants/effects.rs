@@ -102,7 +102,7 @@ pub async fn effects(stack: &Stack) -> BTreeMap<String, i64> {
         ),
         (
             crate::NOTIFICATION_SERVICE,
-            "SELECT 'notifications ' || outcome, count(*) FROM notifications GROUP BY outcome",
+            "SELECT 'notifications ' || kind, count(*) FROM notifications GROUP BY kind",
         ),
         (
             crate::ORDER_SERVICE,
