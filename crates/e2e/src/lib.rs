@@ -9,10 +9,12 @@
 //! For the fault suite (`tests/faults.rs`): a service can run as several instances (its
 //! first instance is named after it, more get their own port and log), be started with
 //! failpoints armed, killed, and watched for dying ([`chaos`] restarts what a failpoint
-//! killed); [`load`] places orders in the background, [`hand`] produces records as a
+//! killed); [`load`] places orders in the background and [`cancellations`] cancels some
+//! of them (and reads where their money went), [`hand`] produces records as a
 //! person would, [`infra`] stops and restarts the broker and PostgreSQL, and
 //! [`invariants`] checks, after a scenario, that every effect happened exactly once.
 
+pub mod cancellations;
 pub mod chaos;
 pub mod hand;
 pub mod infra;
