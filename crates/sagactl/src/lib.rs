@@ -90,33 +90,54 @@ pub fn clock(at: OffsetDateTime) -> String {
     .unwrap_or_default()
 }
 
-/// An order that has not settled, for `sagactl orders`.
+/// An order, for `sagactl orders`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Listed {
     pub id: Uuid,
     pub status: String,
     pub amount_cents: i64,
+    /// Its outcome decided and its cancellation, if any, answered by payment-service.
+    pub settled: bool,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
 }
 
-/// The newest orders with `status` (any if `None`) placed more than `older_than` ago.
+/// Which orders `sagactl orders` lists.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only those with this status.
+    pub status: Option<String>,
+    /// Only those not settled: pending, or cancelled with the cancellation not answered
+    /// yet (a refund on its way), which `status` alone cannot tell.
+    pub unsettled: bool,
+    /// Only those placed more than this long ago.
+    pub older_than: Duration,
+}
+
+/// The newest `limit` orders that pass `filter`.
 pub async fn orders(
     databases: &story::Databases,
-    status: Option<&str>,
-    older_than: Duration,
+    filter: &Filter,
     limit: i64,
 ) -> anyhow::Result<Vec<Listed>> {
     let rows = databases
         .orders()
         .query(
-            "SELECT id, status, amount_cents, created_at, updated_at FROM orders
+            "SELECT id, status, amount_cents, settled_at IS NOT NULL AS settled, created_at,
+                    updated_at
+               FROM orders
               WHERE ($1::text IS NULL OR status = $1)
-                AND created_at < now() - make_interval(secs => $2)
-              ORDER BY created_at DESC LIMIT $3",
-            &[&status, &older_than.as_secs_f64(), &limit],
+                AND (NOT $2 OR settled_at IS NULL)
+                AND created_at < now() - make_interval(secs => $3)
+              ORDER BY created_at DESC LIMIT $4",
+            &[
+                &filter.status,
+                &filter.unsettled,
+                &filter.older_than.as_secs_f64(),
+                &limit,
+            ],
         )
         .await?;
     Ok(rows
@@ -125,6 +146,7 @@ pub async fn orders(
             id: row.get("id"),
             status: row.get("status"),
             amount_cents: row.get("amount_cents"),
+            settled: row.get("settled"),
             created_at: row.get("created_at"),
             updated_at: row.get("updated_at"),
         })

@@ -40,7 +40,14 @@ pub fn story(story: &Story, all: bool) -> String {
             + &clock(order.created_at),
     );
     if let Some(reason) = &order.cancel_reason {
-        let _ = writeln!(out, "cancelled: {reason}");
+        let _ = write!(out, "cancelled: {reason}");
+        if let Some(refund) = order.refund {
+            let _ = write!(out, " · refund: {refund}");
+        }
+        if let Some(refund_id) = &order.refund_id {
+            let _ = write!(out, " ({refund_id})");
+        }
+        out.push('\n');
     }
     out.push('\n');
     let mut ignored = 0;
@@ -52,6 +59,7 @@ pub fn story(story: &Story, all: bool) -> String {
         let mark = match step.kind {
             Kind::Guard1 | Kind::Guard2 => "»",
             Kind::DeadLettered => "!",
+            Kind::Cancelled | Kind::Refunded | Kind::Tombstone => "×",
             Kind::Waiting => "…",
             _ => " ",
         };
@@ -87,11 +95,16 @@ pub fn orders(orders: &[Listed]) -> String {
     let now = OffsetDateTime::now_utc();
     let mut out = String::new();
     for order in orders {
+        let status = if order.settled || order.status == "pending" {
+            order.status.clone()
+        } else {
+            format!("{} (refund pending)", order.status)
+        };
         let _ = writeln!(
             out,
             "{}  {:<9}  {:>10}  placed {} ago",
             order.id,
-            order.status,
+            status,
             money(order.amount_cents),
             humantime::format_duration(std::time::Duration::from_secs(
                 (now - order.created_at).whole_seconds().max(0) as u64

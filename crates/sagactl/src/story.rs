@@ -6,6 +6,12 @@
 //! - **written / published**: each service's outbox rows keyed by the order
 //!   (`occurred_at`, `published_at`), each naming the event that caused it.
 //! - **charged / declined**: the provider's charges whose reference is the order.
+//! - **cancelled**: the order row, when the customer or the deadline cancelled it
+//!   (`cancel_reason`, at `updated_at`, which nothing after the cancellation moves).
+//! - **refunded**: the provider's refund of the order's charge, with the key it was made
+//!   under.
+//! - **tombstone**: payment-service's `voided` payment, left by a cancellation that came
+//!   before any charge recorded there.
 //! - **record**: every record on the saga's topics about the order (its key, or its
 //!   envelope's `aggregate_id`), originals and copies alike: a hand-replayed record is a
 //!   second record.
@@ -51,6 +57,14 @@ pub struct Order {
     pub customer_id: String,
     pub amount_cents: i64,
     pub cancel_reason: Option<String>,
+    /// What became of a cancelled order's charge, as the API says it: `pending` until
+    /// payment-service answered the cancellation, then `refunded` or `not_charged`.
+    pub refund: Option<&'static str>,
+    /// The provider's id of the order's refund, once order-service recorded it.
+    pub refund_id: Option<String>,
+    /// When the outcome was decided and a cancellation answered; `None` while in flight.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub settled_at: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
@@ -66,6 +80,9 @@ pub enum Kind {
     Published,
     Charged,
     Declined,
+    Cancelled,
+    Refunded,
+    Tombstone,
     Record,
     Applied,
     Guard1,
@@ -86,6 +103,9 @@ impl Kind {
             Kind::Published => "published",
             Kind::Charged => "charged",
             Kind::Declined => "declined",
+            Kind::Cancelled => "cancelled",
+            Kind::Refunded => "refunded",
+            Kind::Tombstone => "tombstone",
             Kind::Record => "record",
             Kind::Applied => "applied",
             Kind::Guard1 => "guard 1",
@@ -115,8 +135,8 @@ pub struct Step {
 pub struct Story {
     pub order: Order,
     pub steps: Vec<Step>,
-    /// Something may still happen: the order is pending, a row is unpublished or a
-    /// record not yet handled.
+    /// Something may still happen: the order has not settled (pending, or its
+    /// cancellation not answered yet), a row is unpublished or a record not yet handled.
     pub open: bool,
 }
 
@@ -126,17 +146,26 @@ pub(crate) fn consumers(topics: &Topics) -> Vec<(String, &'static str, &'static 
         (
             topics.orders.clone(),
             "payment-service",
-            &[events::ORDER_CREATED][..],
+            &[events::ORDER_CREATED, events::ORDER_CANCELLED][..],
         ),
         (
             topics.orders.clone(),
             "notification-service",
-            &[events::ORDER_CONFIRMED, events::ORDER_CANCELLED][..],
+            &[
+                events::ORDER_CONFIRMED,
+                events::ORDER_CANCELLED,
+                events::ORDER_REFUNDED,
+            ][..],
         ),
         (
             topics.payments.clone(),
             "order-service",
-            &[events::PAYMENT_SUCCEEDED, events::PAYMENT_FAILED][..],
+            &[
+                events::PAYMENT_SUCCEEDED,
+                events::PAYMENT_FAILED,
+                events::PAYMENT_REFUNDED,
+                events::PAYMENT_VOIDED,
+            ][..],
         ),
     ]
 }
@@ -220,10 +249,13 @@ pub async fn tell(
         return Ok(None);
     };
     let key = order_id.to_string();
-    let mut open = order.status == "pending";
+    let mut open = order.settled_at.is_none();
     let mut steps = vec![rows::placed(&order)];
+    steps.extend(rows::cancellation(&order));
     let caused = rows::outbox(databases, &key, &mut steps, &mut open).await?;
     steps.extend(rows::charges(databases, &key).await?);
+    steps.extend(rows::refunds(databases, &key).await?);
+    steps.extend(rows::tombstone(databases, order_id).await?);
     steps.extend(rows::notifications(databases, order_id).await?);
     open |= records::on_topics(sources, databases, &key, &caused, &mut steps).await?;
 

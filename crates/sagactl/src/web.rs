@@ -96,7 +96,7 @@ async fn index(State(web): State<Arc<Web>>, Query(search): Query<Search>) -> Res
             Err(_) => error = Some(format!("{id:?} is not an order id (a UUID)")),
         }
     }
-    let orders = match crate::orders(&web.databases, None, Duration::ZERO, 30).await {
+    let orders = match crate::orders(&web.databases, &crate::Filter::default(), 30).await {
         Ok(orders) => orders.iter().map(Row::from).collect(),
         Err(e) => return failure(e),
     };
@@ -123,6 +123,7 @@ struct View {
     amount: String,
     customer: String,
     cancel_reason: Option<String>,
+    refund: Option<&'static str>,
     open: bool,
     lanes: [&'static str; 5],
     steps: Vec<Card>,
@@ -155,6 +156,9 @@ impl View {
                 Kind::Guard2 => "guard2",
                 Kind::DeadLettered | Kind::Declined => "bad",
                 Kind::Waiting => "waiting",
+                Kind::Cancelled => "cancel",
+                Kind::Refunded => "refund",
+                Kind::Tombstone => "tombstone",
                 Kind::Ignored | Kind::Forgotten => "quiet",
                 Kind::Record => "record",
                 Kind::Written | Kind::Published => "plain",
@@ -168,6 +172,7 @@ impl View {
             amount: money(story.order.amount_cents),
             customer: story.order.customer_id.clone(),
             cancel_reason: story.order.cancel_reason.clone(),
+            refund: story.order.refund,
             open: story.open,
             lanes: LANES,
             steps: story.steps.iter().map(card).collect(),

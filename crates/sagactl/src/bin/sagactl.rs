@@ -29,11 +29,15 @@ enum Command {
         #[arg(long)]
         all: bool,
     },
-    /// The newest orders, by status and age: `--status pending --older-than 30s` finds
-    /// stuck ones.
+    /// The newest orders, by status and age: `--unsettled --older-than 30s` finds stuck
+    /// ones, a cancellation whose refund has not come back among them.
     Orders {
         #[arg(long, value_parser = ["pending", "confirmed", "cancelled"])]
         status: Option<String>,
+        /// Only orders not settled: pending, or cancelled and not yet answered by
+        /// payment-service (refunded or voided).
+        #[arg(long)]
+        unsettled: bool,
         #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
         older_than: Duration,
         #[arg(long, default_value_t = 20)]
@@ -81,12 +85,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Orders {
             status,
+            unsettled,
             older_than,
             limit,
         } => {
             let databases = Databases::connect(&cli.sources).await?;
-            let orders =
-                sagactl::orders(&databases, status.as_deref(), *older_than, *limit).await?;
+            let filter = sagactl::Filter {
+                status: status.clone(),
+                unsettled: *unsettled,
+                older_than: *older_than,
+            };
+            let orders = sagactl::orders(&databases, &filter, *limit).await?;
             print(render::orders(&orders), serde_json::to_value(&orders)?);
         }
         Command::Serve { addr } => {

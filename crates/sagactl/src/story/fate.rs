@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use rdkafka::Message as _;
 use rdkafka::message::OwnedMessage;
-use saga::Envelope;
+use saga::{Envelope, events};
 use time::OffsetDateTime;
 use tokio_postgres::{Client, Row};
 
@@ -83,8 +83,30 @@ pub(super) async fn fate(
             None,
         ));
     }
+    if !moves_anything(event) {
+        return Ok(step(
+            service,
+            at,
+            Kind::Ignored,
+            format!(
+                "ignored {} {}: not a cancellation order-service wrote",
+                event.event_type, event.id
+            ),
+            None,
+        ));
+    }
     let effect = caused.get(&(service, event.id.clone()));
     claimed(service, message, event, copies, inbox, effect).await
+}
+
+/// False for an `order.cancelled` whose id is not one order-service gives its own
+/// cancellations: its consumers ignore it, claiming nothing.
+fn moves_anything(event: &Envelope) -> bool {
+    event.event_type != events::ORDER_CANCELLED
+        || event
+            .aggregate_id
+            .parse()
+            .is_ok_and(|order_id| events::is_order_services_cancellation(&event.id, order_id))
 }
 
 /// What `service` made of a record of an event it acts on and has handled: which of the

@@ -1,8 +1,10 @@
-//! The steps the databases hold: the order row, each service's outbox rows about the
-//! order, the provider's charges and the customer's notification.
+//! The steps the databases hold: the order row and its cancellation, each service's
+//! outbox rows about the order, the provider's charges and refunds, payment-service's
+//! tombstone and the customer's notifications.
 
 use std::collections::HashMap;
 
+use saga::events;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -14,7 +16,8 @@ pub(super) async fn order(databases: &Databases, order_id: Uuid) -> anyhow::Resu
     let Some(row) = databases
         .orders()
         .query_opt(
-            "SELECT id, status, customer_id, amount_cents, cancel_reason, created_at, updated_at
+            "SELECT id, status, customer_id, amount_cents, cancel_reason, refund_id, settled_at,
+                    created_at, updated_at
                FROM orders WHERE id = $1",
             &[&order_id],
         )
@@ -22,12 +25,25 @@ pub(super) async fn order(databases: &Databases, order_id: Uuid) -> anyhow::Resu
     else {
         return Ok(None);
     };
+    let status: String = row.get("status");
+    let refund_id: Option<String> = row.get("refund_id");
+    let settled_at: Option<OffsetDateTime> = row.get("settled_at");
+    // As order-service's API says it (RefundState).
+    let refund = match (status.as_str(), &refund_id, settled_at) {
+        ("cancelled", Some(_), _) => Some("refunded"),
+        ("cancelled", None, Some(_)) => Some("not_charged"),
+        ("cancelled", None, None) => Some("pending"),
+        _ => None,
+    };
     Ok(Some(Order {
         id: row.get("id"),
-        status: row.get("status"),
+        status,
         customer_id: row.get("customer_id"),
         amount_cents: row.get("amount_cents"),
         cancel_reason: row.get("cancel_reason"),
+        refund,
+        refund_id,
+        settled_at,
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
     }))
@@ -45,6 +61,35 @@ pub(super) fn placed(order: &Order) -> Step {
         ),
         detail: None,
     }
+}
+
+/// The cancellation by the customer or the deadline, if the order had one. A declined
+/// payment's cancellation is told by the provider's decline and order-service's
+/// `order.cancelled`.
+pub(super) fn cancellation(order: &Order) -> Option<Step> {
+    let text = match order.cancel_reason.as_deref()? {
+        events::CANCELLED_BY_CUSTOMER => {
+            "cancelled by the customer (POST /v1/orders/{id}/cancel)".to_owned()
+        }
+        events::CANCELLED_FOR_TIMEOUT => {
+            "cancelled by the deadline: still pending after ORDER_PAYMENT_TIMEOUT".to_owned()
+        }
+        _ => return None,
+    };
+    Some(Step {
+        at: order.updated_at,
+        actor: "order-service".into(),
+        kind: Kind::Cancelled,
+        text: text.replace("{id}", &order.id.to_string()),
+        detail: Some(match order.refund {
+            Some("pending") => "refund: pending, payment-service has not answered yet".into(),
+            Some("refunded") => format!(
+                "refund: refunded, {}",
+                order.refund_id.as_deref().unwrap_or_default()
+            ),
+            _ => "refund: not charged".into(),
+        }),
+    })
 }
 
 /// What each service wrote to its outbox about the order keyed `key`, pushed to `steps`
@@ -114,14 +159,17 @@ pub(super) async fn outbox<'d>(
     Ok(caused)
 }
 
-/// The provider's charges for the order keyed `key`.
+/// The provider's charges for the order keyed `key`, each with the key it was made
+/// under. A refund's key names the charge it refunds too (and its refund), so only the
+/// keys without a refund are the charge's own.
 pub(super) async fn charges(databases: &Databases, key: &str) -> anyhow::Result<Vec<Step>> {
     let mut steps = Vec::new();
     for row in databases
         .provider
         .query(
             "SELECT c.id, c.status, c.amount_cents, c.failure_message, c.created_at, k.key
-               FROM charges c LEFT JOIN idempotency_keys k ON k.charge_id = c.id
+               FROM charges c
+               LEFT JOIN idempotency_keys k ON k.charge_id = c.id AND k.refund_id IS NULL
               WHERE c.reference = $1 ORDER BY c.created_at",
             &[&key],
         )
@@ -155,7 +203,78 @@ pub(super) async fn charges(databases: &Databases, key: &str) -> anyhow::Result<
     Ok(steps)
 }
 
-/// The customer's notification.
+/// The provider's refunds of the order keyed `key`'s charges, each with the key it was
+/// made under (none once that key expired).
+pub(super) async fn refunds(databases: &Databases, key: &str) -> anyhow::Result<Vec<Step>> {
+    let rows = databases
+        .provider
+        .query(
+            "SELECT r.id, r.charge_id, r.amount_cents, r.created_at, k.key
+               FROM refunds r
+               JOIN charges c ON c.id = r.charge_id
+               LEFT JOIN idempotency_keys k ON k.refund_id = r.id
+              WHERE c.reference = $1 ORDER BY r.created_at",
+            &[&key],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let id: String = row.get("id");
+            let charge: String = row.get("charge_id");
+            let key: Option<String> = row.get("key");
+            Step {
+                at: row.get("created_at"),
+                actor: "payment-provider".into(),
+                kind: Kind::Refunded,
+                text: format!(
+                    "refunded {} of {charge} as {id}",
+                    money(row.get("amount_cents"))
+                ),
+                detail: key.map(|k| format!("Idempotency-Key {k}")),
+            }
+        })
+        .collect())
+}
+
+/// payment-service's tombstone for the order: the `voided` payment a cancellation left
+/// where no charge was recorded, which stops any charge for the order later.
+pub(super) async fn tombstone(databases: &Databases, order_id: Uuid) -> anyhow::Result<Vec<Step>> {
+    let Some(row) = databases
+        .of("payment-service")
+        .query_opt(
+            "SELECT event_id, charge_id, refund_id, created_at
+               FROM payments WHERE order_id = $1 AND status = 'voided'",
+            &[&order_id],
+        )
+        .await?
+    else {
+        return Ok(Vec::new());
+    };
+    let charge: Option<String> = row.get("charge_id");
+    let refund: Option<String> = row.get("refund_id");
+    let event_id: String = row.get("event_id");
+    let text = match (&charge, &refund) {
+        (Some(charge), Some(refund)) => format!(
+            "tombstone: cancelled before a charge was recorded here; the provider's {charge} is refunded as {refund}"
+        ),
+        (Some(charge), None) => {
+            format!(
+                "tombstone: cancelled before a charge was recorded here; the provider's {charge} stands"
+            )
+        }
+        _ => "cancelled before any charge: no charge will be made".to_owned(),
+    };
+    Ok(vec![Step {
+        at: row.get("created_at"),
+        actor: "payment-service".into(),
+        kind: Kind::Tombstone,
+        text,
+        detail: Some(format!("a voided payment, left by {event_id}")),
+    }])
+}
+
+/// The customer's notifications, one per kind of news.
 pub(super) async fn notifications(
     databases: &Databases,
     order_id: Uuid,
@@ -164,7 +283,8 @@ pub(super) async fn notifications(
     for row in databases
         .of("notification-service")
         .query(
-            "SELECT message, created_at FROM notifications WHERE order_id = $1",
+            "SELECT kind, message, created_at FROM notifications
+              WHERE order_id = $1 ORDER BY created_at",
             &[&order_id],
         )
         .await?
@@ -174,7 +294,7 @@ pub(super) async fn notifications(
             actor: "notification-service".into(),
             kind: Kind::Notified,
             text: row.get("message"),
-            detail: None,
+            detail: Some(format!("kind {}", row.get::<_, String>("kind"))),
         });
     }
     Ok(steps)
