@@ -5,7 +5,8 @@
 use saga::metrics::{
     CHARGE_REQUESTS, CHARGES, CONSUMER_LAG, DEAD_LETTERS, EVENTS, HANDLER_DURATION, HTTP_DURATION,
     HTTP_REQUESTS, IDEMPOTENCY_REPLAYS, OUTBOX_OLDEST_AGE, OUTBOX_PUBLISHED, OUTBOX_UNPUBLISHED,
-    PROVIDER_CALLS, RECORDS_RECEIVED, RETRIES,
+    PROVIDER_CALL_DURATION, PROVIDER_CALLS, RECORDS_RECEIVED, REFUND_FAULTS, REFUND_REQUESTS,
+    REFUNDS, RETRIES,
 };
 use saga_e2e::metrics::Metrics;
 use saga_e2e::{
@@ -60,6 +61,79 @@ async fn the_counters_equal_what_the_databases_and_topics_hold_and_reconcile() {
     wait_for_no_consumer_lag(&stack).await;
 }
 
+/// A charged order its customer cancels is refunded, a declined one's cancellation
+/// voided: each answer is counted once where it was committed (order-service applying
+/// it), and the refund once by payment-service's client and by the provider, each count
+/// what the databases hold.
+#[tokio::test]
+async fn a_refund_and_a_void_are_each_counted_once_as_the_databases_hold_them() {
+    let stack = Stack::start().await;
+    let charged = stack.place_order(2).await;
+    let declined = stack.place_order(100).await;
+    assert_eq!(stack.settled_order(charged).await["status"], "confirmed");
+    assert_eq!(stack.settled_order(declined).await["status"], "cancelled");
+    let (http, base) = stack.api();
+    let cancel = http
+        .post(format!("{base}/v1/orders/{charged}/cancel"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status().as_u16(), 202);
+    eventually(SETTLE, "the refund to be recorded", || async {
+        (stack.get_order(charged).await["refund"] == "refunded").then_some(())
+    })
+    .await;
+    wait_until_every_record_is_handled_and_every_row_published(&stack).await;
+
+    let order = stack.metrics(ORDER_SERVICE).await;
+    let refunded = stack
+        .database(ORDER_SERVICE)
+        .count(
+            "SELECT count(*) FROM orders WHERE refund_id IS NOT NULL",
+            &[],
+        )
+        .await as u64;
+    assert_eq!(refunded, 1);
+    let answer = |event_type| [("type", event_type), ("outcome", "applied")];
+    assert_eq!(order.count(EVENTS, &answer("payment.refunded")), refunded);
+    assert_eq!(order.count(EVENTS, &answer("payment.voided")), 1);
+
+    let payment = stack.metrics(PAYMENT_SERVICE).await;
+    assert_eq!(
+        payment.count(EVENTS, &answer("order.cancelled")),
+        2,
+        "both cancellations answered"
+    );
+    let refund_call = [
+        ("call", "refund"),
+        ("outcome", "refunded"),
+        ("replayed", "false"),
+    ];
+    assert_eq!(payment.count(PROVIDER_CALLS, &refund_call), 1);
+    assert_eq!(payment.count(PROVIDER_CALLS, &[("call", "refund")]), 1);
+    assert_eq!(
+        payment.observations(PROVIDER_CALL_DURATION, &[("call", "refund")]),
+        1
+    );
+    assert_eq!(
+        payment.count(PROVIDER_CALLS, &[("call", "charges_for")]),
+        0,
+        "the payment was recorded: no need to ask the provider"
+    );
+    assert_eq!(charge_calls(&payment), 2);
+
+    let provider = stack.metrics(PAYMENT_PROVIDER).await;
+    let refunds = stack
+        .database(PAYMENT_PROVIDER)
+        .count("SELECT count(*) FROM refunds", &[])
+        .await as u64;
+    assert_eq!(refunds, 1);
+    assert_eq!(provider.count(REFUND_REQUESTS, &[]), 1);
+    assert_eq!(provider.count(REFUNDS, &[("result", "succeeded")]), refunds);
+    assert_eq!(provider.count(REFUND_FAULTS, &[]), 0);
+    assert_eq!(provider.count(CHARGE_REQUESTS, &[]), 2);
+}
+
 /// Places an order of each of [`QUANTITIES`], and one more twice under one key; returns
 /// their ids.
 async fn place_the_orders(stack: &Stack) -> Vec<Uuid> {
@@ -104,7 +178,7 @@ async fn send_copies_a_late_failure_and_poison(stack: &Stack, replayed: Uuid) {
     );
     stack.kafka.produce(&topics.payments, None, &late).await;
     stack.replay_order_created(replayed).await;
-    let unknown = br#"{"id":"p-1","type":"payment.refunded","aggregate_id":"x","payload":{},"occurred_at":"2026-07-14T09:15:40Z"}"#;
+    let unknown = br#"{"id":"p-1","type":"payment.reversed","aggregate_id":"x","payload":{},"occurred_at":"2026-07-14T09:15:40Z"}"#;
     stack
         .kafka
         .produce(&topics.payments, None, b"not json")
@@ -137,12 +211,13 @@ async fn wait_until_every_record_is_handled_and_every_row_published(stack: &Stac
     }
 }
 
-/// order-service, on payments: n results, 2 replays (guard 1), 1 late failure (guard 2),
-/// 2 poison; and its API's requests.
+/// order-service, on payments: n results and a `payment.voided` answering each declined
+/// order's cancellation, 2 replays (guard 1), 1 late failure (guard 2), 2 poison; and its
+/// API's requests.
 async fn assert_order_service_counted(stack: &Stack, order: &Metrics, n: u64, cancelled: u64) {
     let topics = &stack.kafka.topics;
     let on = [("topic", topics.payments.as_str())];
-    assert_outcomes(stack, ORDER_SERVICE, order, [n, 2, 1, 0, 2]).await;
+    assert_outcomes(stack, ORDER_SERVICE, order, [n + cancelled, 2, 1, 0, 2]).await;
     assert_eq!(
         order.count(RECORDS_RECEIVED, &on),
         stack.kafka.read_all(&topics.payments).await.len() as u64
@@ -154,6 +229,15 @@ async fn assert_order_service_counted(stack: &Stack, order: &Metrics, n: u64, ca
         ),
         cancelled
     );
+    assert_eq!(
+        order.count(
+            EVENTS,
+            &[("type", "payment.voided"), ("outcome", "applied")]
+        ),
+        cancelled,
+        "each declined order's cancellation answered: nothing to refund"
+    );
+    assert_eq!(order.count(EVENTS, &[("type", "payment.refunded")]), 0);
     assert_eq!(
         order.count(DEAD_LETTERS, &[("cause", "malformed")]),
         1,
@@ -195,20 +279,44 @@ async fn assert_order_service_counted(stack: &Stack, order: &Metrics, n: u64, ca
     assert_eq!(order.count(IDEMPOTENCY_REPLAYS, &[]), 1);
 }
 
-/// payment-service, on orders: n order.created, n outcomes (ignored), 1 replay, 1 poison;
-/// and its calls to the provider.
+/// payment-service, on orders: n order.created and the declined orders' cancellations
+/// (each answered `payment.voided`), the confirmations (ignored), 1 replay, 1 poison; and
+/// its calls to the provider.
 async fn assert_payment_service_counted(stack: &Stack, payment: &Metrics, n: u64, cancelled: u64) {
-    assert_outcomes(stack, PAYMENT_SERVICE, payment, [n, 1, 0, n, 1]).await;
-    assert_inbox(payment, stack.database(PAYMENT_SERVICE), n).await;
+    let confirmed = n - cancelled;
+    assert_outcomes(
+        stack,
+        PAYMENT_SERVICE,
+        payment,
+        [n + cancelled, 1, 0, confirmed, 1],
+    )
+    .await;
+    assert_inbox(payment, stack.database(PAYMENT_SERVICE), n + cancelled).await;
     let charged = [("outcome", "charged"), ("replayed", "false")];
     let declined = [("outcome", "declined"), ("replayed", "false")];
-    assert_eq!(payment.count(PROVIDER_CALLS, &charged), n - cancelled);
+    assert_eq!(payment.count(PROVIDER_CALLS, &charged), confirmed);
     assert_eq!(payment.count(PROVIDER_CALLS, &declined), cancelled);
     assert_eq!(
-        payment.count(PROVIDER_CALLS, &[]),
+        charge_calls(payment),
         n,
         "the replayed order.created was a duplicate before any call"
     );
+    assert_eq!(
+        payment.label_values(PROVIDER_CALLS, "call"),
+        Vec::<String>::new(),
+        "a declined payment is nothing to refund: no refund or list call"
+    );
+}
+
+/// payment-service's charge calls: [`PROVIDER_CALLS`]' series without a `call` label
+/// (a refund's and a list's carry one).
+fn charge_calls(payment: &Metrics) -> u64 {
+    let other_calls: u64 = payment
+        .label_values(PROVIDER_CALLS, "call")
+        .iter()
+        .map(|call| payment.count(PROVIDER_CALLS, &[("call", call.as_str())]))
+        .sum();
+    payment.count(PROVIDER_CALLS, &[]) - other_calls
 }
 
 /// The provider: one request and one decided charge per order.

@@ -37,6 +37,14 @@ use crate::events;
 pub const RECORDS_RECEIVED: &str = "saga_consumer_records_received_total";
 /// What became of each record, by topic, event type and [`outcome`](crate::Outcome)
 /// (or `dead_lettered`).
+///
+/// It also counts the cancellations' answers, as order-service applies them:
+/// `{topic="payments", type="payment.refunded" | "payment.voided", outcome="applied"}`
+/// is one per refund and one per void payment-service committed. payment-service counts
+/// no refunds of its own: its handler runs inside a transaction that may still roll back
+/// (a stale decision, a failed commit, a batch undone), so a count there would count
+/// answers that never were; the consumer counts after the commit, and guard 1 makes each
+/// answer `applied` once.
 pub const EVENTS: &str = "saga_consumer_events_total";
 /// Time to apply one event (prepare and transaction) or one batch, by topic.
 pub const HANDLER_DURATION: &str = "saga_handler_duration_seconds";
@@ -72,7 +80,8 @@ pub const IDEMPOTENCY_REPLAYS: &str = "saga_idempotency_replays_total";
 /// `charges_for`), and their own outcomes: `refunded`, `already_refunded` (the charge's
 /// refund made under another key, found on the charge), `listed`.
 pub const PROVIDER_CALLS: &str = "saga_provider_calls_total";
-/// Time from sending a charge to its answer (or to giving up on it).
+/// Time from sending a call to its answer (or to giving up on it), by `call` as
+/// [`PROVIDER_CALLS`] (none for a charge).
 pub const PROVIDER_CALL_DURATION: &str = "saga_provider_call_duration_seconds";
 /// The provider's side: `POST /v1/charges` received, whatever became of them.
 pub const CHARGE_REQUESTS: &str = "saga_charge_requests_total";
@@ -89,8 +98,8 @@ pub const REFUNDS: &str = "saga_refunds_total";
 /// Refund calls a fault was applied to, by `kind` (`unavailable`, `slow`,
 /// `lose_response`).
 pub const REFUND_FAULTS: &str = "saga_refund_faults_total";
-/// order-service's orders placed and not yet confirmed or cancelled, as admission control
-/// last counted them.
+/// order-service's orders not settled (pending, or cancelled and not yet answered by
+/// payment-service), as admission control last counted them.
 pub const ORDERS_IN_FLIGHT: &str = "saga_orders_in_flight";
 /// order-service's cap on [`ORDERS_IN_FLIGHT`] as of its last count: what the saga
 /// settles in `ADMISSION_MAX_WAIT` at its recent rate, or `ADMISSION_MAX_IN_FLIGHT`.
@@ -184,12 +193,12 @@ fn describe() {
     );
     describe_counter!(
         PROVIDER_CALLS,
-        "Charge calls to the card provider, by answer"
+        "Calls to the card provider (charges; refunds and lists by call), by answer"
     );
     describe_histogram!(
         PROVIDER_CALL_DURATION,
         Unit::Seconds,
-        "Time from sending a charge to its answer"
+        "Time from sending a call to the card provider to its answer"
     );
     describe_counter!(CHARGE_REQUESTS, "Charge requests the provider received");
     describe_counter!(
@@ -203,7 +212,7 @@ fn describe() {
     describe_gauge!(
         ORDERS_IN_FLIGHT,
         Unit::Count,
-        "Orders placed and not yet confirmed or cancelled, which admission control caps"
+        "Orders not settled (pending, or a cancellation not answered), which admission control caps"
     );
     describe_gauge!(
         ADMISSION_LIMIT,
@@ -272,19 +281,16 @@ pub async fn track_http(request: Request, next: Next) -> Response {
     response
 }
 
-/// An event type as a label: one of the catalog's, or `other`.
+/// An event type as a label: one of the catalog's, or `other`. Read from the topics'
+/// lists of types, so that a type added to the catalog is its own series at once: the
+/// cancellations' answers (`payment.refunded`, `payment.voided`) are counted by it.
 pub fn event_type_label(event_type: &str) -> &'static str {
-    [
-        events::ORDER_CREATED,
-        events::ORDER_CONFIRMED,
-        events::ORDER_CANCELLED,
-        events::PAYMENT_SUCCEEDED,
-        events::PAYMENT_FAILED,
-        events::NOTIFICATION_SENT,
-    ]
-    .into_iter()
-    .find(|known| *known == event_type)
-    .unwrap_or("other")
+    events::ORDERS_TYPES
+        .into_iter()
+        .chain(events::PAYMENTS_TYPES)
+        .chain([events::NOTIFICATION_SENT])
+        .find(|known| *known == event_type)
+        .unwrap_or("other")
 }
 
 #[cfg(test)]
@@ -294,7 +300,9 @@ mod tests {
     #[test]
     fn an_event_type_outside_the_catalog_is_one_label() {
         assert_eq!(event_type_label("payment.failed"), "payment.failed");
-        assert_eq!(event_type_label("payment.refunded"), "other");
+        assert_eq!(event_type_label("payment.refunded"), "payment.refunded");
+        assert_eq!(event_type_label("order.refunded"), "order.refunded");
+        assert_eq!(event_type_label("payment.reversed"), "other");
         assert_eq!(event_type_label(&"x".repeat(10_000)), "other");
     }
 }
