@@ -153,6 +153,17 @@ impl LoadGenerator {
         }
     }
 
+    /// `POST /v1/orders/{order_id}/cancel`: whether the order is cancelled (now, or
+    /// before).
+    pub async fn cancel(&self, order_id: uuid::Uuid) -> bool {
+        let response = self
+            .client
+            .post(format!("{}/{order_id}/cancel", self.url))
+            .send()
+            .await;
+        response.is_ok_and(|r| r.status().is_success())
+    }
+
     /// Offers orders shaped `shape` for `duration`, then waits for the answers still due.
     pub async fn run(self: &Arc<Self>, shape: Shape, duration: Duration, tag: &str) -> LoadResult {
         self.offer(shape, duration, None, tag, Keys::None).await

@@ -160,6 +160,28 @@ pub struct Pruning {
     pub with: Drain,
 }
 
+/// Phase 5: what cancellations cost end to end, and the refund path's own rate.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Cancellations {
+    /// The same backlog settled with none of its orders cancelled, and with one in ten.
+    pub none: Settled,
+    pub tenth: Settled,
+    /// payment-service through a backlog of cancellations of charged orders, each refunded:
+    /// answers per second.
+    pub refund_path: Drain,
+}
+
+/// A backlog of orders until every one settled.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Settled {
+    pub orders: i64,
+    pub cancelled: i64,
+    pub refunded: i64,
+    /// From the first order placed to the last settled.
+    pub seconds: f64,
+    pub per_second: f64,
+}
+
 /// The pgbench transactions an order costs the server, and how many of each: one create,
 /// charge (its read-ahead included), the provider's charge, apply and notify, and four
 /// outbox rows published (order.created, payment result, outcome, notification.sent).
@@ -222,6 +244,7 @@ pub struct Report {
     pub capacity: Capacity,
     pub provider_call: ProviderCall,
     pub pruning: Pruning,
+    pub cancellations: Cancellations,
     pub ceilings: Vec<Ceiling>,
     /// Orders per second pgbench's rates allow, all transactions of an order sharing one
     /// server: 1 / Σ (transactions of that kind per order / its tps), the provider's

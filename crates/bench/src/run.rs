@@ -14,16 +14,21 @@
 //!    of the same schema at the services' connection counts, each transaction right
 //!    after the service ran it in phase 2, so other work on the machine weighs on both
 //!    alike.
+//! 4. **Pruning**: payment-service's pruner deleting old ids while it charges a backlog,
+//!    against the same backlog with the pruner off.
+//! 5. **Cancellations**: a backlog settled with none of its orders cancelled and with
+//!    one in ten, and payment-service through a backlog of refunds.
 //!
 //! The saga's databases, topics and ports are the benchmark's own, fresh each run, and so
 //! are the card provider's database and port: the demo stack, the walkthrough and the
 //! tests never see them.
 //!
 //! Each phase has a file of its own under `run/`: `load`, `capacity`, `ceiling`,
-//! `pruning`, then `exactly_once` (the effects and dead letters counted at the end) and
+//! `pruning`, `cancellations`, then `exactly_once` (the effects and dead letters counted at the end) and
 //! `assemble` (the report made of it all); `stack` holds the services as processes.
 
 mod assemble;
+mod cancellations;
 mod capacity;
 mod ceiling;
 mod exactly_once;
@@ -42,7 +47,7 @@ use crate::db::Databases;
 use crate::load::{LoadGenerator, Shape};
 use crate::pgbench;
 use crate::procs;
-use crate::report::{Capacity, Machine, Pruning, Report, Step};
+use crate::report::{Cancellations, Capacity, Machine, Pruning, Report, Step};
 use crate::sql::{Database, Transaction};
 
 use ceiling::Ceilings;
@@ -205,7 +210,7 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
     .await;
     // Whatever happened, leave no service of ours running.
     let stopped = stack.stop_all().await;
-    let (steps, capacity, pruning) = result?;
+    let (steps, capacity, pruning, cancellations) = result?;
     stopped?;
 
     let (effects, dead_letters) = exactly_once::count(&databases, &settings, &namespace).await?;
@@ -222,6 +227,7 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
         steps,
         capacity,
         pruning,
+        cancellations,
         ceilings.measured,
         &stack,
         effects,
@@ -240,7 +246,7 @@ async fn run_phases(
     databases: &Databases,
     ceilings: &mut Ceilings,
     run_id: u64,
-) -> anyhow::Result<(Vec<Step>, Capacity, Pruning)> {
+) -> anyhow::Result<(Vec<Step>, Capacity, Pruning, Cancellations)> {
     log("starting the services (release builds)");
     stack.start_all().await?;
     let generator = Arc::new(LoadGenerator::new(&format!(
@@ -270,7 +276,16 @@ async fn run_phases(
         run_id,
     )
     .await?;
-    Ok((steps, capacity, pruning))
+    let cancellations = cancellations::cancellations(
+        stack,
+        &generator,
+        databases,
+        plan,
+        settings.pool_size,
+        run_id,
+    )
+    .await?;
+    Ok((steps, capacity, pruning, cancellations))
 }
 
 /// Writes `result.json`, `table.md` and `chart.png` into the run's folder.

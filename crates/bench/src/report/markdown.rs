@@ -90,6 +90,7 @@ impl Report {
         md.push_str(&self.provider_call.markdown());
         md.push_str(&self.ceilings_table());
         md.push_str(&self.pruning_and_ceiling());
+        md.push_str(&self.cancellations());
         if self.machine.same_box {
             md.push_str(&self.cpu_per_order());
         }
@@ -297,6 +298,24 @@ impl Report {
         md
     }
 
+    /// What cancelling one order in ten cost the saga, and the refund path's rate against
+    /// ChargeOrder's.
+    fn cancellations(&self) -> String {
+        let c = &self.cancellations;
+        format!(
+            "\nCancellations: {} orders settled at {} orders/s with none cancelled, {} orders/s with one in ten cancelled as soon as placed ({} cancelled, {} refunded): {}% of the rate. payment-service answered a backlog of {} cancellations, each refunded at the provider, at {}/s (ChargeOrder charged its backlog at {}/s).\n",
+            c.none.orders,
+            fmt(c.none.per_second),
+            fmt(c.tenth.per_second),
+            c.tenth.cancelled,
+            c.tenth.refunded,
+            fmt(100.0 * c.tenth.per_second / c.none.per_second),
+            c.refund_path.rows,
+            fmt(c.refund_path.per_second),
+            fmt(self.capacity.charge.per_second),
+        )
+    }
+
     /// Each service over the whole run: CPU, peak memory against its target, and its outcomes.
     fn services_table(&self) -> String {
         let mut md = String::new();
@@ -332,15 +351,19 @@ impl Report {
         let e = &self.effects;
         let _ = writeln!(
             md,
-            "\nExactly once: {} orders, {} charges at the provider, {} payments, {} outcomes, {} notifications; extra effects {}, missing {}, still pending {}, unpublished outbox rows {}, dead letters {}.",
+            "\nExactly once: {} orders, {} charges at the provider, {} payments, {} outcomes, {} notifications of them; {} cancelled, {} refunds, {} answered; extra effects {}, missing {}, still pending {}, unsettled {}, unpublished outbox rows {}, dead letters {}.",
             e.orders,
             e.charges,
             e.payments,
             e.outcome_events,
             e.notifications,
+            e.cancellations,
+            e.refunds,
+            e.answers,
             e.extra_effects,
             e.missing_effects,
             e.still_pending,
+            e.unsettled,
             e.unpublished,
             self.dead_letters
         );

@@ -9,8 +9,8 @@ use crate::measure;
 use crate::pgbench;
 use crate::procs;
 use crate::report::{
-    Capacity, Machine, ORDER_TRANSACTIONS, ProviderCall, Pruning, Ratio, Report, ServiceSummary,
-    Step,
+    Cancellations, Capacity, Machine, ORDER_TRANSACTIONS, ProviderCall, Pruning, Ratio, Report,
+    ServiceSummary, Step,
 };
 
 use super::load::max_sustained;
@@ -35,6 +35,7 @@ pub(super) fn assemble(
     steps: Vec<Step>,
     capacity: Capacity,
     pruning: Pruning,
+    cancellations: Cancellations,
     ceilings: Vec<pgbench::Ceiling>,
     stack: &Stack,
     effects: measure::Effects,
@@ -89,6 +90,7 @@ pub(super) fn assemble(
         capacity,
         provider_call,
         pruning,
+        cancellations,
         ceilings,
         ceiling_orders_per_second,
         end_to_end_target,
