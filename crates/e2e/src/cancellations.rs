@@ -1,13 +1,16 @@
-//! Cancelling orders through the API, and what a cancellation left where the money is:
-//! the provider's charges with their refunds, payment-service's payment row, the events
+//! Cancelling orders through the API, one at a time or a share of a load's in the
+//! background ([`Cancellations`]), and what a cancellation left where the money is: the
+//! provider's charges with their refunds, payment-service's payment row, the events
 //! announced and the customer's notifications.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use saga_testkit::eventually;
 use serde_json::Value;
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
+use crate::load::Load;
 use crate::{SETTLE, Stack};
 
 /// What `POST /v1/orders/{id}/cancel` answered.
@@ -193,5 +196,111 @@ impl Stack {
             },
         )
         .await
+    }
+}
+
+/// A share of a [`Load`]'s orders cancelled through the API in the background, each at a
+/// moment of its own after it was accepted: some still pending, some confirmed, some
+/// already cancelled by their payment. The moment and the choice derive from the order's
+/// random id, so they are spread without a random source of their own.
+pub struct Cancellations {
+    task: JoinHandle<Cancelled>,
+}
+
+/// What the cancellations did.
+#[derive(Debug, Default)]
+pub struct Cancelled {
+    /// Orders the API cancelled (`202`): exactly these must end cancelled by the customer.
+    pub accepted: Vec<Uuid>,
+    /// Orders found cancelled already (`200`): their payment was declined.
+    pub already: usize,
+    /// Of the cancellations asked for, the orders still `pending` or `confirmed` just
+    /// before.
+    pub pending: usize,
+    pub confirmed: usize,
+    /// Requests refused or cut off, then sent again with the same key.
+    pub retried: usize,
+}
+
+/// The latest moment after its acceptance at which an order is cancelled.
+const LATEST_CANCEL_MS: u128 = 1500;
+
+impl Cancellations {
+    /// Cancels one order in `share` of `load`'s (by its id), until the load is placed.
+    pub fn start(stack: &Stack, load: &Load, share: u128) -> Self {
+        let (http, base) = stack.api();
+        let accepted = load.accepted_so_far();
+        let orders = load.orders;
+        let task = tokio::spawn(async move {
+            let mut cancelled = Cancelled::default();
+            let mut seen = 0;
+            // (when, order), in the order they come due.
+            let mut due: Vec<(Instant, Uuid)> = Vec::new();
+            while seen < orders || !due.is_empty() {
+                let now = Instant::now();
+                let new: Vec<Uuid> = accepted.lock().unwrap()[seen..].to_vec();
+                seen += new.len();
+                for id in new.into_iter().filter(|id| id.as_u128() % share == 0) {
+                    let after = (id.as_u128() >> 64) % LATEST_CANCEL_MS;
+                    due.push((now + Duration::from_millis(after as u64), id));
+                }
+                due.sort();
+                let ready = due.partition_point(|(when, _)| *when <= now);
+                for (_, id) in due.drain(..ready).collect::<Vec<_>>() {
+                    cancel_until_answered(&http, &base, id, &mut cancelled).await;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            cancelled
+        });
+        Self { task }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for the last cancellation; returns what they did.
+    pub async fn finish(self) -> Cancelled {
+        self.task.await.expect("the cancellations do not panic")
+    }
+}
+
+/// Cancels `id` with a key of its own, again with that key while order-service is down
+/// or the key's first request is in flight, and tallies the answer.
+async fn cancel_until_answered(
+    http: &reqwest::Client,
+    base: &str,
+    id: Uuid,
+    cancelled: &mut Cancelled,
+) {
+    let order = format!("{base}/v1/orders/{id}");
+    if let Ok(response) = http.get(&order).send().await
+        && let Ok(before) = response.json::<Value>().await
+    {
+        match before["status"].as_str() {
+            Some("pending") => cancelled.pending += 1,
+            Some("confirmed") => cancelled.confirmed += 1,
+            _ => {}
+        }
+    }
+    let key = format!("cancel-{id}");
+    loop {
+        let answer = http
+            .post(format!("{order}/cancel"))
+            .header("idempotency-key", &key)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await;
+        match answer.map(|r| r.status().as_u16()) {
+            Ok(202) => return cancelled.accepted.push(id),
+            Ok(200) => {
+                cancelled.already += 1;
+                return;
+            }
+            Ok(409 | 503) | Err(_) => cancelled.retried += 1,
+            Ok(other) => panic!("POST /v1/orders/{id}/cancel answered {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -145,7 +145,26 @@ pub async fn settle(
     crashes: Option<&mut Crashes>,
     timeout: Duration,
 ) {
+    settle_after(
+        stack,
+        || load.is_some_and(|l| !l.is_finished()),
+        crashes,
+        timeout,
+    )
+    .await;
+}
+
+/// Keeps restarting what the failpoint kills until `busy` (the scenario's own work, in
+/// the background) says it is done and the saga is quiet, or fails the test after
+/// `timeout`.
+pub async fn settle_after(
+    stack: &mut Stack,
+    busy: impl Fn() -> bool,
+    crashes: Option<&mut Crashes>,
+    timeout: Duration,
+) {
     let state = tokio::sync::Mutex::new((stack, crashes));
+    let busy = &busy;
     eventually(
         timeout,
         "the load to be placed and the saga to go quiet",
@@ -155,7 +174,7 @@ pub async fn settle(
                 let mut state = state.lock().await;
                 let (stack, crashes) = &mut *state;
                 tend(stack, crashes.as_deref_mut()).await;
-                if load.is_some_and(|l| !l.is_finished()) {
+                if busy() {
                     return None;
                 }
                 invariants::quiet(stack).await.then_some(())

@@ -1,19 +1,33 @@
 //! What must hold after any fault, checked from the outside: the databases (the three
-//! services' and the card provider's), the topics, and the services' own logs. [`check`] waits until the saga is quiet, then
-//! collects every violation rather than stopping at the first, and counts what it saw
-//! for the scenario's report.
+//! services' and the card provider's), the topics, and the services' own logs. [`check`]
+//! waits until the saga is quiet, then collects every violation rather than stopping at
+//! the first, and counts what it saw for the scenario's report.
 //!
-//! The invariants:
-//! - **Every order reached exactly one terminal status**, the right one for its amount,
-//!   and none is `pending` once the saga is quiet; no order the API accepted is missing,
-//!   and none is there twice: every order offered was placed once, its retries (each
-//!   with the order's `Idempotency-Key`) given it back.
-//! - **One payment, one outcome event, one notification per order**, each matching the
-//!   order's status, each announced by exactly one outbox row, every outbox row published.
-//! - **One charge per order at the provider**, for the order's amount, succeeded for a
-//!   confirmed order and declined for a cancelled one, its id the one the payment holds;
-//!   and no charge for an order the saga never saw. The provider's charges are the one
-//!   effect no rollback of ours can undo: a second one is a customer charged twice.
+//! Each order has one of three stories: confirmed; declined (its payment failed, and
+//! order-service cancelled it); or cancelled by the customer or the deadline, before or
+//! after its payment's outcome. The invariants:
+//! - **Every order settled, as its story wants**: none is `pending` or unsettled
+//!   (`settled_at` unset) once the saga is quiet; confirmed within the payment limit,
+//!   declined past it; no order the API accepted is missing, none is there twice (every
+//!   order offered was placed once, its retries, each with the order's
+//!   `Idempotency-Key`, given it back), and the orders cancelled by the customer are
+//!   exactly those whose cancellation the API accepted.
+//! - **Exactly the events of its story, each once**: order-service's `order.created`, the
+//!   payment's outcome (none for an order cancelled before its payment came), the
+//!   cancellation, `order.refunded` for a refunded order; payment-service's one payment
+//!   row (a tombstone, `voided`, for an order cancelled before its charge was recorded),
+//!   its result, and one answer per cancellation, `payment.refunded` or
+//!   `payment.voided`; every outbox row published.
+//! - **The money** (the one effect no rollback of ours can undo): per order, charged at
+//!   most once at the provider, for its amount; refunded at most once, in full, and only
+//!   a charge that succeeded; charged minus refunded is the amount for a confirmed order
+//!   and 0 for every cancelled one; the payment holds the provider's charge and refund,
+//!   the order the same refund; no charge made after a tombstone that was not refunded;
+//!   and no charge for an order the saga never saw.
+//! - **Notifications match the story**: one per order and kind, each from the event
+//!   that tells it (`confirmed`/`declined` from the outcome, `cancelled_by_customer`/
+//!   `cancelled_for_timeout` from the cancellation, `refunded` from `order.refunded`),
+//!   nothing else, and one `notification.sent` each.
 //! - **The inbox agrees with the logs**: every event logged as applied or guarded is in
 //!   its service's `processed_events`, every id there was logged as handled, and no event
 //!   passed guard 1 twice (a redelivery must be stopped as a duplicate).
@@ -24,11 +38,13 @@
 //! - **Dead letters are exactly the poison**: every poison record is in the dead-letter
 //!   topic of every group it is poison for, with its reason; nothing else is.
 
+mod cancellations;
 mod charges;
 mod databases;
 mod effects;
 mod inboxes;
 mod log;
+mod notifications;
 mod orders;
 mod records;
 mod report;
@@ -67,6 +83,9 @@ pub struct Expected {
     pub inbox_pruned: bool,
     /// Records produced on purpose that can never be applied.
     pub poison: Vec<Poison>,
+    /// The orders whose cancellation the API accepted: exactly these are cancelled by
+    /// the customer. `None` when the scenario does not say.
+    pub cancelled: Option<Vec<Uuid>>,
 }
 
 /// A record that can never be applied, and where it must end up.
@@ -113,8 +132,18 @@ impl GroupTally {
 pub struct Findings {
     pub orders: usize,
     pub confirmed: usize,
+    /// Declined, or cancelled by the customer or the deadline.
     pub cancelled: usize,
     pub pending: usize,
+    /// Orders cancelled by the customer or the deadline.
+    pub cancellations: usize,
+    /// Of those, answered with a refund.
+    pub refunded: usize,
+    /// Of those, answered with a void: nothing was charged, or the charge declined.
+    pub voided: usize,
+    /// Charges and refunds at the provider, for the saga's orders.
+    pub charges: usize,
+    pub refunds: usize,
     pub groups: Vec<GroupTally>,
     /// Accepted orders missing, orders without their payment, outcome or notification,
     /// and records skipped.
@@ -125,6 +154,8 @@ pub struct Findings {
     /// Orders charged more than once at the provider, and charges for orders the saga
     /// never saw.
     pub charged_twice: usize,
+    /// Orders refunded more than once at the provider.
+    pub refunded_twice: usize,
     /// What the provider counted (`GET /admin/stats`): calls, replays, lost responses.
     pub provider: serde_json::Value,
     pub poison_dead_lettered: usize,

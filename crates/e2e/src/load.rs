@@ -57,6 +57,11 @@ impl Load {
         }
     }
 
+    /// The list of accepted orders, as it grows: for work that follows the load.
+    pub(crate) fn accepted_so_far(&self) -> Arc<Mutex<Vec<Uuid>>> {
+        self.accepted.clone()
+    }
+
     /// Orders accepted so far.
     pub fn accepted(&self) -> usize {
         self.accepted.lock().unwrap().len()

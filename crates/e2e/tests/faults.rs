@@ -21,6 +21,7 @@
 
 use std::time::Duration;
 
+use saga_e2e::cancellations::{Cancellations, Cancelled};
 use saga_e2e::chaos::{self, Crashes};
 use saga_e2e::invariants::{self, Expected, Findings, Poison};
 use saga_e2e::load::Load;
@@ -106,16 +107,35 @@ async fn drain_and_check(
     crashes: Option<&mut Crashes>,
     poison: Vec<Poison>,
 ) -> (Findings, Expected) {
-    chaos::settle(stack, Some(&load), crashes, drain_timeout()).await;
+    let (findings, expected, _) = drain_and_check_with(stack, load, None, crashes, poison).await;
+    (findings, expected)
+}
+
+/// [`drain_and_check`] for a scenario that also cancels orders: waits for its last
+/// cancellation too, and checks that exactly the orders the API cancelled are cancelled.
+async fn drain_and_check_with(
+    stack: &mut Stack,
+    load: Load,
+    cancellations: Option<Cancellations>,
+    crashes: Option<&mut Crashes>,
+    poison: Vec<Poison>,
+) -> (Findings, Expected, Cancelled) {
+    let busy = || !load.is_finished() || cancellations.as_ref().is_some_and(|c| !c.is_finished());
+    chaos::settle_after(stack, busy, crashes, drain_timeout()).await;
     let offered = load.orders;
+    let cancelled = match cancellations {
+        Some(cancellations) => cancellations.finish().await,
+        None => Cancelled::default(),
+    };
     let expected = Expected {
         accepted: load.finish().await,
         offered: Some(offered),
         inbox_pruned: stack.prunes_inboxes(),
         poison,
+        cancelled: Some(cancelled.accepted.clone()),
     };
     let findings = invariants::check(stack, &expected, drain_timeout()).await;
-    (findings, expected)
+    (findings, expected, cancelled)
 }
 
 /// Prints the scenario's report, then fails on any violation.

@@ -9,6 +9,11 @@ use crate::{PAYMENT_PROVIDER, SERVICES, Stack};
 pub(super) struct Order {
     pub(super) status: String,
     pub(super) amount_cents: i64,
+    pub(super) cancel_reason: Option<String>,
+    /// `settled_at` is set: its outcome decided and its cancellation, if any, answered.
+    pub(super) settled: bool,
+    /// The refund payment-service reported for it.
+    pub(super) refund_id: Option<String>,
 }
 
 pub(super) struct OutboxRow {
@@ -17,26 +22,44 @@ pub(super) struct OutboxRow {
     pub(super) event_id: String,
 }
 
-pub(super) struct Effect {
+/// payment-service's payment row: a charge's outcome, or a cancellation's tombstone.
+pub(super) struct Payment {
     pub(super) event_id: String,
+    /// `succeeded`, `failed`, or `voided` (the tombstone).
     pub(super) status: String,
-    pub(super) amount_cents: Option<i64>,
-    /// A payment's charge at the provider.
+    pub(super) amount_cents: i64,
     pub(super) charge_id: Option<String>,
+    pub(super) refund_id: Option<String>,
+    /// Seconds since the epoch: PostgreSQL's clock, which the provider's shares.
+    pub(super) created_at: f64,
 }
 
-/// A charge the provider made.
+pub(super) struct Notification {
+    /// The order event it tells of.
+    pub(super) event_id: String,
+    pub(super) kind: String,
+}
+
+/// A charge the provider made, and its refunds.
 pub(super) struct ProviderCharge {
     pub(super) id: String,
     pub(super) status: String,
+    pub(super) amount_cents: i64,
+    /// Seconds since the epoch.
+    pub(super) created_at: f64,
+    pub(super) refunds: Vec<ProviderRefund>,
+}
+
+pub(super) struct ProviderRefund {
+    pub(super) id: String,
     pub(super) amount_cents: i64,
 }
 
 /// The three databases' rows, read once.
 pub(super) struct Databases {
     pub(super) orders: HashMap<Uuid, Order>,
-    pub(super) payments: HashMap<Uuid, Vec<Effect>>,
-    pub(super) notifications: HashMap<Uuid, Vec<Effect>>,
+    pub(super) payments: HashMap<Uuid, Vec<Payment>>,
+    pub(super) notifications: HashMap<Uuid, Vec<Notification>>,
     /// The provider's charges by reference (the order id, as payment-service sends it).
     pub(super) charges: HashMap<String, Vec<ProviderCharge>>,
     pub(super) outboxes: HashMap<&'static str, Vec<OutboxRow>>,
@@ -92,7 +115,8 @@ async fn read_orders(stack: &Stack) -> HashMap<Uuid, Order> {
     rows(
         stack,
         crate::ORDER_SERVICE,
-        "SELECT id, status, amount_cents FROM orders",
+        "SELECT id, status, amount_cents, cancel_reason, settled_at IS NOT NULL, refund_id
+           FROM orders",
     )
     .await
     .into_iter()
@@ -102,67 +126,89 @@ async fn read_orders(stack: &Stack) -> HashMap<Uuid, Order> {
             Order {
                 status: r.get(1),
                 amount_cents: r.get(2),
+                cancel_reason: r.get(3),
+                settled: r.get(4),
+                refund_id: r.get(5),
             },
         )
     })
     .collect()
 }
 
-async fn read_payments(stack: &Stack) -> HashMap<Uuid, Vec<Effect>> {
-    let mut payments: HashMap<Uuid, Vec<Effect>> = HashMap::new();
+async fn read_payments(stack: &Stack) -> HashMap<Uuid, Vec<Payment>> {
+    let mut payments: HashMap<Uuid, Vec<Payment>> = HashMap::new();
     for r in rows(
         stack,
         crate::PAYMENT_SERVICE,
-        "SELECT order_id, event_id, status, amount_cents, charge_id FROM payments",
+        "SELECT order_id, event_id, status, amount_cents, charge_id, refund_id,
+                extract(epoch FROM created_at)::float8
+           FROM payments",
     )
     .await
     {
-        payments.entry(r.get(0)).or_default().push(Effect {
+        payments.entry(r.get(0)).or_default().push(Payment {
             event_id: r.get(1),
             status: r.get(2),
-            amount_cents: Some(r.get(3)),
+            amount_cents: r.get(3),
             charge_id: r.get(4),
+            refund_id: r.get(5),
+            created_at: r.get(6),
         });
     }
     payments
 }
 
 async fn read_charges(stack: &Stack) -> HashMap<String, Vec<ProviderCharge>> {
+    let mut refunds: HashMap<String, Vec<ProviderRefund>> = HashMap::new();
+    for r in rows(
+        stack,
+        PAYMENT_PROVIDER,
+        "SELECT charge_id, id, amount_cents FROM refunds",
+    )
+    .await
+    {
+        refunds.entry(r.get(0)).or_default().push(ProviderRefund {
+            id: r.get(1),
+            amount_cents: r.get(2),
+        });
+    }
     let mut charges: HashMap<String, Vec<ProviderCharge>> = HashMap::new();
     for r in rows(
         stack,
         PAYMENT_PROVIDER,
-        "SELECT reference, id, status, amount_cents FROM charges",
+        "SELECT reference, id, status, amount_cents, extract(epoch FROM created_at)::float8
+           FROM charges ORDER BY created_at",
     )
     .await
     {
+        let id: String = r.get(1);
         charges.entry(r.get(0)).or_default().push(ProviderCharge {
-            id: r.get(1),
+            refunds: refunds.remove(&id).unwrap_or_default(),
+            id,
             status: r.get(2),
             amount_cents: r.get(3),
+            created_at: r.get(4),
         });
     }
     charges
 }
 
-async fn read_notifications(stack: &Stack) -> HashMap<Uuid, Vec<Effect>> {
-    let mut notifications: HashMap<Uuid, Vec<Effect>> = HashMap::new();
+async fn read_notifications(stack: &Stack) -> HashMap<Uuid, Vec<Notification>> {
+    let mut notifications: HashMap<Uuid, Vec<Notification>> = HashMap::new();
     for r in rows(
         stack,
         crate::NOTIFICATION_SERVICE,
-        // The status a notification of the payment's outcome tells: a declined payment
-        // cancelled the order.
-        "SELECT order_id, event_id, CASE kind WHEN 'declined' THEN 'cancelled' ELSE kind END
-           FROM notifications",
+        "SELECT order_id, event_id, kind FROM notifications",
     )
     .await
     {
-        notifications.entry(r.get(0)).or_default().push(Effect {
-            event_id: r.get(1),
-            status: r.get(2),
-            amount_cents: None,
-            charge_id: None,
-        });
+        notifications
+            .entry(r.get(0))
+            .or_default()
+            .push(Notification {
+                event_id: r.get(1),
+                kind: r.get(2),
+            });
     }
     notifications
 }
