@@ -1,5 +1,12 @@
 //! Conflicting and out-of-order events: hand-made copies, flips and late results for
-//! orders the saga has decided, each of which a guard must stop.
+//! orders the saga has decided, each of which a guard must stop or the consumers ignore.
+//!
+//! The flipped outcome (an `order.cancelled` for a confirmed order, an `order.confirmed`
+//! for a declined one) carries an id of its own, `conflict-outcome-flip:<order id>`.
+//! Only the ids order-service gives an order's outcome and cancellation
+//! (`<id>:outcome`, `<id>:cancel`) are the order's state: payment-service refunds
+//! nothing and notification-service tells the customer nothing for any other, and both
+//! log it `ignored`. The checker then finds no refund and no notification for it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -161,7 +168,9 @@ fn repeated_and_flipped_order_events<'a>(order: &Decided, orders: &'a str) -> Ve
                 (NOTIFICATION_SERVICE, "ignored"),
             ],
         },
-        // The opposite outcome, with an id of its own: guard 2.
+        // The opposite outcome, with an id of its own: not one order-service gives an
+        // order's outcome or cancellation, so it is not the order's state. It moves no
+        // money and tells the customer nothing: ignored.
         Conflict {
             topic: orders,
             event_id: format!("conflict-outcome-flip:{id}"),
@@ -169,17 +178,26 @@ fn repeated_and_flipped_order_events<'a>(order: &Decided, orders: &'a str) -> Ve
             payload: outcome_payload.clone(),
             outcomes: vec![
                 (PAYMENT_SERVICE, "ignored"),
-                (NOTIFICATION_SERVICE, "guarded"),
+                (NOTIFICATION_SERVICE, "ignored"),
             ],
         },
-        // The genuine outcome once more: guard 1.
+        // The genuine outcome once more: guard 1, for payment-service too when it is a
+        // decline's cancellation (which it answered); a confirmation is none of its
+        // business.
         Conflict {
             topic: orders,
             event_id: events::order_outcome_id(id),
             event_type: genuine_outcome,
             payload: outcome_payload,
             outcomes: vec![
-                (PAYMENT_SERVICE, "ignored"),
+                (
+                    PAYMENT_SERVICE,
+                    if order.status == "confirmed" {
+                        "ignored"
+                    } else {
+                        "duplicate"
+                    },
+                ),
                 (NOTIFICATION_SERVICE, "duplicate"),
             ],
         },
