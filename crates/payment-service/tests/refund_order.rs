@@ -259,6 +259,14 @@ async fn a_lost_refund_answer_and_the_retry_record_the_first_refund_once() {
     assert_eq!(handler.apply(&cancel).await.unwrap(), Outcome::Applied);
 
     f.refunded_once(order_id, 2598).await;
+    // The retry was answered by the key's first answer, not refused as a second refund
+    // of the charge: the order's one key is what made the retry harmless.
+    let refunds = &f.provider.stats().await["refunds"];
+    assert_eq!(
+        (refunds["refunded"].as_u64(), refunds["replayed"].as_u64()),
+        (Some(1), Some(1)),
+        "{refunds}"
+    );
 }
 
 #[tokio::test]
