@@ -2,49 +2,36 @@
 //! own database, over HTTP): one charge and one payment per order, whatever is
 //! redelivered, raced, or lost on the way back from the provider.
 
+mod common;
+
 use std::time::Duration;
 
-use payment_service::{ChargeOrder, Provider, ProviderConfig};
+use common::{LocalProvider, client_of};
+use payment_service::ChargeOrder;
 use saga::events::ORDER_CREATED;
 use saga::{Applier, Envelope, Outcome, Retry, Topics};
 use saga_testkit::provider::ProviderAdmin;
 use saga_testkit::{TestDatabase, race};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-/// The provider's limit: above it a charge is declined.
-const LIMIT_CENTS: i64 = 100_000;
 
 /// payment-service's database and a provider of its own.
 struct Fixture {
     db: TestDatabase,
+    /// The provider's admin; the provider runs while `_local` is held.
     provider: ProviderAdmin,
-    _provider_db: TestDatabase,
-    stop_provider: CancellationToken,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        self.stop_provider.cancel();
-    }
+    _local: LocalProvider,
 }
 
 async fn fixture() -> Fixture {
-    let (db, provider_db) = tokio::join!(
+    let (db, local) = tokio::join!(
         TestDatabase::migrated(payment_service::migrations, payment_service::HISTORY_TABLE),
-        TestDatabase::empty()
+        LocalProvider::start()
     );
-    let (url, stop_provider) = payment_provider::start_local(&provider_db.url, |config| {
-        config.payment_limit_cents = LIMIT_CENTS;
-    })
-    .await
-    .unwrap();
     Fixture {
         db,
-        provider: ProviderAdmin::new(url),
-        _provider_db: provider_db,
-        stop_provider,
+        provider: local.admin.clone(),
+        _local: local,
     }
 }
 
@@ -54,12 +41,7 @@ impl Fixture {
     }
 
     fn handler_at(&self, provider_url: &str) -> Applier<ChargeOrder> {
-        let provider = Provider::new(&ProviderConfig {
-            provider_url: provider_url.to_owned(),
-            provider_connect_timeout: Duration::from_secs(1),
-            provider_timeout: Duration::from_millis(500),
-        })
-        .unwrap();
+        let provider = client_of(provider_url, Duration::from_millis(500));
         Applier::new(
             self.db.pool.clone(),
             ChargeOrder::new(Topics::new(""), provider),

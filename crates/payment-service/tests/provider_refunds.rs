@@ -2,45 +2,29 @@
 //! (in this process, on a database of its own): a refund comes back once made, whatever
 //! was lost, and under whichever key it was made.
 
+mod common;
+
 use std::time::Duration;
 
+use common::LocalProvider;
+use payment_service::Provider;
 use payment_service::provider::{ChargeRequest, ProviderCharge, RefundRequest};
-use payment_service::{Provider, ProviderConfig};
 use saga::HandlerError;
-use saga_testkit::TestDatabase;
 use saga_testkit::provider::ProviderAdmin;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 struct Fixture {
     provider: Provider,
     admin: ProviderAdmin,
-    _db: TestDatabase,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
+    _local: LocalProvider,
 }
 
 async fn fixture() -> Fixture {
-    let db = TestDatabase::empty().await;
-    let (url, shutdown) = payment_provider::start_local(&db.url, |_| {})
-        .await
-        .unwrap();
-    let provider = Provider::new(&ProviderConfig {
-        provider_url: url.clone(),
-        provider_connect_timeout: Duration::from_secs(1),
-        provider_timeout: Duration::from_secs(5),
-    })
-    .unwrap();
+    let local = LocalProvider::start().await;
     Fixture {
-        provider,
-        admin: ProviderAdmin::new(url),
-        _db: db,
-        shutdown,
+        provider: local.client(Duration::from_secs(5)),
+        admin: local.admin.clone(),
+        _local: local,
     }
 }
 

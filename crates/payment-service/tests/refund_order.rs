@@ -3,51 +3,31 @@
 //! that stood refunded once, whatever is redelivered, lost or committed meanwhile; no
 //! charge after a cancellation was recorded.
 
+mod common;
+
 use std::time::Duration;
 
-use payment_service::{ChargeOrder, Provider, ProviderConfig, RefundOrder};
+use common::{LIMIT_CENTS, LocalProvider};
+use payment_service::{ChargeOrder, RefundOrder};
 use saga::handler::Pair;
 use saga::{Applier, Envelope, HandlerError, Outcome, Step, Topics};
 use saga_testkit::TestDatabase;
-use saga_testkit::provider::ProviderAdmin;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-/// The provider's limit: above it a charge is declined.
-const LIMIT_CENTS: i64 = 100_000;
 
 type OnOrders = Applier<Pair<ChargeOrder, RefundOrder>>;
 
 struct Fixture {
     db: TestDatabase,
-    provider: ProviderAdmin,
-    _provider_db: TestDatabase,
-    stop_provider: CancellationToken,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        self.stop_provider.cancel();
-    }
+    provider: LocalProvider,
 }
 
 async fn fixture() -> Fixture {
-    let (db, provider_db) = tokio::join!(
+    let (db, provider) = tokio::join!(
         TestDatabase::migrated(payment_service::migrations, payment_service::HISTORY_TABLE),
-        TestDatabase::empty()
+        LocalProvider::start()
     );
-    let (url, stop_provider) = payment_provider::start_local(&provider_db.url, |config| {
-        config.payment_limit_cents = LIMIT_CENTS;
-    })
-    .await
-    .unwrap();
-    Fixture {
-        db,
-        provider: ProviderAdmin::new(url),
-        _provider_db: provider_db,
-        stop_provider,
-    }
+    Fixture { db, provider }
 }
 
 fn event(id: &str, event_type: &str, order_id: Uuid, payload: Value) -> Envelope {
@@ -79,12 +59,7 @@ fn cancellation(id: &str, order_id: Uuid, amount_cents: i64) -> Envelope {
 
 impl Fixture {
     fn handler(&self) -> OnOrders {
-        let provider = Provider::new(&ProviderConfig {
-            provider_url: self.provider.url.clone(),
-            provider_connect_timeout: Duration::from_secs(1),
-            provider_timeout: Duration::from_millis(500),
-        })
-        .unwrap();
+        let provider = self.provider.client(Duration::from_millis(500));
         let topics = Topics::new("");
         Applier::new(
             self.db.pool.clone(),
@@ -127,7 +102,7 @@ impl Fixture {
 
     /// The provider's charges for the order, each with its refunds.
     async fn charges(&self, order_id: Uuid) -> Vec<Value> {
-        self.provider.charges_for(&order_id.to_string()).await
+        self.provider.admin.charges_for(&order_id.to_string()).await
     }
 
     /// One charge for `amount_cents` at the provider, refunded once, and the payment
@@ -226,6 +201,7 @@ async fn a_charge_made_at_the_provider_without_a_payment_here_is_refunded() {
         json!({ "amount_cents": 2598, "currency": "usd", "reference": order_id.to_string() });
     let (status, _) = f
         .provider
+        .admin
         .charge(&format!("{order_id}:charge"), &body)
         .await;
     assert_eq!(status, 201);
@@ -250,6 +226,7 @@ async fn a_lost_refund_answer_and_the_retry_record_the_first_refund_once() {
     let order_id = Uuid::new_v4();
     handler.apply(&created(order_id, 2598)).await.unwrap();
     f.provider
+        .admin
         .arm(json!({ "kind": "lose-response", "next": 1, "endpoint": "refunds" }))
         .await;
     let cancel = cancelled(order_id, 2598);
@@ -261,7 +238,7 @@ async fn a_lost_refund_answer_and_the_retry_record_the_first_refund_once() {
     f.refunded_once(order_id, 2598).await;
     // The retry was answered by the key's first answer, not refused as a second refund
     // of the charge: the order's one key is what made the retry harmless.
-    let refunds = &f.provider.stats().await["refunds"];
+    let refunds = &f.provider.admin.stats().await["refunds"];
     assert_eq!(
         (refunds["refunded"].as_u64(), refunds["replayed"].as_u64()),
         (Some(1), Some(1)),
