@@ -175,6 +175,22 @@ ensure_pypi_tool() {
   printf '%s\n' "$version" >"$marker"
 }
 
+# A package from the npm registry, pinned, in a folder of its own under .cache,
+# installed once per version: ensure_npm_tool PACKAGE VERSION DIR. Once there,
+# nothing is fetched again, so the scripts using it work offline.
+ensure_npm_tool() {
+  local package="$1" version="$2" dir="$3"
+  local marker="$dir/.installed"
+  marker_holds "$marker" "$version" && return 0
+  require_command npm "apt-get install -y nodejs npm"
+  log "installing $package $version from the npm registry into $dir"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  npm install --prefix "$dir" --no-audit --no-fund --no-save --loglevel=error \
+    "$package@$version" >&2
+  printf '%s\n' "$version" >"$marker"
+}
+
 # schemathesis, for the order API's contract test (crates/e2e/tests/contract.rs).
 SCHEMATHESIS_VERSION=4.32.5
 SCHEMATHESIS_VENV="$CACHE_DIR/schemathesis"
