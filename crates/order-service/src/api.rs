@@ -199,17 +199,11 @@ async fn place_order(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let key = IdempotencyKey::from_headers(&headers).map_err(ApiError::InvalidIdempotencyKey)?;
-    if key.is_none() && state.idempotency.require_idempotency_key {
-        return Err(ApiError::IdempotencyKeyMissing);
-    }
+    let key = request_key(&state, &headers)?;
     let body = parse_json(&headers, &body)?;
-    let keyed = key.as_ref().map(|key| Keyed {
-        key,
-        fingerprint: Fingerprint::of("POST", ORDERS, &body),
-        ttl: state.idempotency.keys.idempotency_key_ttl,
-        wait: state.idempotency.keys.idempotency_key_wait,
-    });
+    let keyed = key
+        .as_ref()
+        .map(|key| state.keyed(key, Fingerprint::of("POST", ORDERS, &body)));
     let request: PlaceOrder = decode(body)?;
     let lines = validate(&request)?;
     // After the request's own checks, so that a wrong one is told what is wrong with it;
@@ -238,12 +232,38 @@ async fn place_order(
             body,
         } => {
             tracing::info!(%order_id, idempotency_key = key, "order replayed for its idempotency key");
-            let status = StatusCode::from_u16(status).map_err(|error| {
-                ApiError::Internal(anyhow::anyhow!("stored status {status}: {error}"))
-            })?;
-            idempotency::replay(status, &location(order_id), body)
+            replayed(order_id, status, body)?
         }
     })
+}
+
+/// The request's `Idempotency-Key`, if it is allowed to come without one.
+fn request_key(state: &AppState, headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    let key = IdempotencyKey::from_headers(headers).map_err(ApiError::InvalidIdempotencyKey)?;
+    if key.is_none() && state.idempotency.require_idempotency_key {
+        return Err(ApiError::IdempotencyKeyMissing);
+    }
+    Ok(key)
+}
+
+impl AppState {
+    /// `key`, for a request that `fingerprint` tells from any other, kept and waited on
+    /// as configured.
+    fn keyed<'k>(&self, key: &'k IdempotencyKey, fingerprint: Fingerprint) -> Keyed<'k> {
+        Keyed {
+            key,
+            fingerprint,
+            ttl: self.idempotency.keys.idempotency_key_ttl,
+            wait: self.idempotency.keys.idempotency_key_wait,
+        }
+    }
+}
+
+/// The answer stored with a key, sent again: its status and body as first sent.
+fn replayed(order_id: Uuid, status: u16, body: String) -> Result<Response, ApiError> {
+    let status = StatusCode::from_u16(status)
+        .map_err(|error| ApiError::Internal(anyhow::anyhow!("stored status {status}: {error}")))?;
+    Ok(idempotency::replay(status, &location(order_id), body))
 }
 
 /// What placing or cancelling an order failed with, as the API answers it.

@@ -1,14 +1,14 @@
 //! ApplyPaymentResult against a real PostgreSQL: each guard, and what happens without it.
 
+mod app;
+
 use order_service::apply_payment_result::ApplyPaymentResult;
-use order_service::orders::{self, NewLine};
+use order_service::orders;
 use saga::events::{self, PAYMENT_FAILED, PAYMENT_SUCCEEDED};
 use saga::{Applier, Envelope, HandlerError, Outcome, Topics};
 use saga_testkit::TestDatabase;
 use serde_json::json;
 use uuid::Uuid;
-
-const KEYBOARD: &str = "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21";
 
 struct Fixture {
     db: TestDatabase,
@@ -29,14 +29,7 @@ async fn fixture() -> Fixture {
 
 impl Fixture {
     async fn pending_order(&self) -> Uuid {
-        let lines = [NewLine {
-            product_id: KEYBOARD.parse().unwrap(),
-            quantity: 2,
-        }];
-        match orders::place_order(&self.db.pool, None, &self.topics, "cust-1", &lines, None).await {
-            Ok(orders::Placed::New { order, .. }) => order.id,
-            other => panic!("an order without a key is placed, not {other:?}"),
-        }
+        app::pending_order(&self.db.pool, &self.topics).await
     }
 
     async fn status(&self, order_id: Uuid) -> String {

@@ -1,18 +1,17 @@
 //! Cancellations against a real PostgreSQL: the customer's and the deadline's, and
 //! payment-service's answer settling them, each once whatever repeats or races.
 
+mod app;
+
 use std::time::Duration;
 
 use order_service::apply_payment_result::ApplyPaymentResult;
 use order_service::cancel::{self, Cancelled};
-use order_service::orders::{self, NewLine};
 use order_service::settle_cancellation::SettleCancellation;
 use saga::{Applier, Envelope, Outcome, Topics};
 use saga_testkit::TestDatabase;
 use serde_json::json;
 use uuid::Uuid;
-
-const KEYBOARD: &str = "8f14e45f-ceea-4c9d-b2a5-0c1e3f4a9b21";
 
 struct Fixture {
     db: TestDatabase,
@@ -41,14 +40,7 @@ type Row = (String, Option<String>, bool, Option<String>);
 
 impl Fixture {
     async fn pending_order(&self) -> Uuid {
-        let lines = [NewLine {
-            product_id: KEYBOARD.parse().unwrap(),
-            quantity: 2,
-        }];
-        match orders::place_order(&self.db.pool, None, &self.topics, "cust-1", &lines, None).await {
-            Ok(orders::Placed::New { order, .. }) => order.id,
-            other => panic!("an order without a key is placed, not {other:?}"),
-        }
+        app::pending_order(&self.db.pool, &self.topics).await
     }
 
     async fn confirmed_order(&self) -> Uuid {

@@ -1,15 +1,15 @@
 //! `POST /v1/orders/{id}/cancel`: the customer cancels an order ([`crate::cancel`]).
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use saga::idempotency::{self, Fingerprint, IdempotencyKey};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{ApiError, AppState, ErrorBody, key_error, location};
+use super::{ApiError, AppState, ErrorBody, key_error, location, replayed, request_key};
 use crate::cancel::{self, CancelError, Cancelled};
-use crate::orders::{Keyed, Order};
+use crate::orders::Order;
 
 /// Cancels an order, pending or confirmed: `cancelled`, reason `customer`, with its
 /// `order.cancelled` in one transaction. The saga moves forward from there: if the card
@@ -49,20 +49,14 @@ pub(super) async fn cancel_order(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let key = IdempotencyKey::from_headers(&headers).map_err(ApiError::InvalidIdempotencyKey)?;
-    if key.is_none() && state.idempotency.require_idempotency_key {
-        return Err(ApiError::IdempotencyKeyMissing);
-    }
+    let key = request_key(&state, &headers)?;
     let order_id: Uuid = id
         .parse()
         .map_err(|_| ApiError::field("id", format!("`{id}` is not an order id (a UUID)")))?;
     let path = format!("{}/cancel", location(order_id));
-    let keyed = key.as_ref().map(|key| Keyed {
-        key,
-        fingerprint: Fingerprint::of("POST", &path, &Value::Null),
-        ttl: state.idempotency.keys.idempotency_key_ttl,
-        wait: state.idempotency.keys.idempotency_key_wait,
-    });
+    let keyed = key
+        .as_ref()
+        .map(|key| state.keyed(key, Fingerprint::of("POST", &path, &Value::Null)));
     let cancelled = cancel::cancel_order(
         &state.pool,
         Some(&state.relay),
@@ -91,10 +85,7 @@ pub(super) async fn cancel_order(
             body,
         } => {
             tracing::info!(%order_id, idempotency_key = key, "cancellation replayed for its idempotency key");
-            let status = StatusCode::from_u16(status).map_err(|error| {
-                ApiError::Internal(anyhow::anyhow!("stored status {status}: {error}"))
-            })?;
-            idempotency::replay(status, &location(order_id), body)
+            replayed(order_id, status, body)?
         }
     })
 }

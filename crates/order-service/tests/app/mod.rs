@@ -109,6 +109,16 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// Sends `request`, and reads the whole answer.
+    async fn of(request: reqwest::RequestBuilder) -> Self {
+        let response = request.send().await.unwrap();
+        Self {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            text: response.text().await.unwrap(),
+        }
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("{e}: {}", self.text))
     }
@@ -134,12 +144,7 @@ impl TestApp {
         for key in keys {
             request = request.header("idempotency-key", *key);
         }
-        let response = request.send().await.unwrap();
-        Answer {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            text: response.text().await.unwrap(),
-        }
+        Answer::of(request).await
     }
 
     /// `POST /v1/orders/{order_id}/cancel`, with each of `keys` as an `Idempotency-Key`.
@@ -150,12 +155,7 @@ impl TestApp {
         for key in keys {
             request = request.header("idempotency-key", *key);
         }
-        let response = request.send().await.unwrap();
-        Answer {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            text: response.text().await.unwrap(),
-        }
+        Answer::of(request).await
     }
 
     pub async fn post_raw(&self, content_type: &str, body: &str) -> (u16, Value) {
@@ -207,4 +207,17 @@ impl TestApp {
 /// `quantity` keyboards for `cust-1`.
 pub fn order(quantity: i64) -> Value {
     serde_json::json!({ "customer_id": "cust-1", "items": [{ "product_id": KEYBOARD, "quantity": quantity }] })
+}
+
+/// A `pending` order of two keyboards for `cust-1`, placed as `POST /v1/orders` places it,
+/// without a key: its id.
+pub async fn pending_order(pool: &deadpool_postgres::Pool, topics: &saga::Topics) -> uuid::Uuid {
+    let lines = [order_service::orders::NewLine {
+        product_id: KEYBOARD.parse().unwrap(),
+        quantity: 2,
+    }];
+    match order_service::orders::place_order(pool, None, topics, "cust-1", &lines, None).await {
+        Ok(order_service::orders::Placed::New { order, .. }) => order.id,
+        other => panic!("an order without a key is placed, not {other:?}"),
+    }
 }
