@@ -344,18 +344,13 @@ fn check_its_payment_events(
             payment.amount_cents
         ));
     }
-    let mut wanted = Vec::new();
+    let mut wanted: Vec<(String, &str)> = Vec::new();
     match payment.status.as_str() {
         "succeeded" => wanted.push((payment_result_id(&payment.event_id), PAYMENT_SUCCEEDED)),
         "failed" => wanted.push((payment_result_id(&payment.event_id), PAYMENT_FAILED)),
         _ => {}
     }
-    if refunded {
-        wanted.push((refund_id(*id), PAYMENT_REFUNDED));
-    } else if let Some(cancellation) = &story.cancellation {
-        wanted.push((voided_id(cancellation), PAYMENT_VOIDED));
-    }
-    let wanted: Vec<Wanted> = wanted
+    let mut wanted: Vec<Wanted> = wanted
         .into_iter()
         .map(|(event_id, event_type)| Wanted {
             event_id,
@@ -363,6 +358,29 @@ fn check_its_payment_events(
             need: Need::One,
         })
         .collect();
+    if refunded {
+        wanted.push(Wanted {
+            event_id: refund_id(*id),
+            event_type: PAYMENT_REFUNDED,
+            need: Need::One,
+        });
+    }
+    if let Some(cancellation) = &story.cancellation {
+        // A tombstone's cancellation was answered `voided` before a charge made meanwhile
+        // landed and was refunded on it: both answers then stand.
+        let need = match (refunded, payment.status.as_str()) {
+            (false, _) => Some(Need::One),
+            (true, "voided") => Some(Need::AtMostOne),
+            (true, _) => None,
+        };
+        if let Some(need) = need {
+            wanted.push(Wanted {
+                event_id: voided_id(cancellation),
+                event_type: PAYMENT_VOIDED,
+                need,
+            });
+        }
+    }
     let rows = of(&announced.by_payment_service, &story.key);
     check_announced(*id, crate::PAYMENT_SERVICE, rows, &wanted, findings, tally);
 }
