@@ -85,9 +85,9 @@ fn payments_poison() -> Vec<PoisonKind> {
             reason: "not UTF-8 JSON",
         },
         PoisonKind {
-            bytes: Some(envelope(&format!("poison-{a}"), "payment.refunded", a, json!({}))),
+            bytes: Some(envelope(&format!("poison-{a}"), "payment.disputed", a, json!({}))),
             rejected_by: by_order_service(),
-            reason: "unknown event type `payment.refunded`",
+            reason: "unknown event type `payment.disputed`",
         },
         PoisonKind {
             bytes: Some(format!(
