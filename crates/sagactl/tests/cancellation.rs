@@ -10,19 +10,12 @@ use saga_e2e::{
 };
 use saga_testkit::eventually;
 use sagactl::render;
-use sagactl::story::{self, Databases, Kind, Step, Story};
+use sagactl::story::{Databases, Kind, Step, Story};
 use uuid::Uuid;
 
 mod common;
 
-async fn tell(stack: &Stack, order_id: Uuid) -> Story {
-    let sources = common::sources(stack);
-    let databases = Databases::connect(&sources).await.unwrap();
-    story::tell(&sources, &databases, order_id)
-        .await
-        .unwrap()
-        .expect("the order exists")
-}
+use common::{steps, tell};
 
 /// The story once nothing is left to happen and the customer has `notifications`.
 async fn told_when_settled(stack: &Stack, order_id: Uuid, notifications: i64) -> Story {
@@ -31,14 +24,6 @@ async fn told_when_settled(stack: &Stack, order_id: Uuid, notifications: i64) ->
         (!story.open && stack.notifications(order_id).await == notifications).then_some(story)
     })
     .await
-}
-
-fn steps<'a>(story: &'a Story, actor: &str, kind: Kind) -> Vec<&'a Step> {
-    story
-        .steps
-        .iter()
-        .filter(|s| s.actor == actor && s.kind == kind)
-        .collect()
 }
 
 fn texts(steps: &[&Step]) -> Vec<String> {

@@ -6,28 +6,13 @@ use saga_e2e::{
     NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, SETTLE, Stack,
 };
 use saga_testkit::eventually;
-use sagactl::story::{self, Databases, Kind, Step, Story};
+use sagactl::story::{Kind, Step};
 use serde_json::json;
 use uuid::Uuid;
 
 mod common;
 
-async fn tell(stack: &Stack, order_id: Uuid) -> Story {
-    let sources = common::sources(stack);
-    let databases = Databases::connect(&sources).await.unwrap();
-    story::tell(&sources, &databases, order_id)
-        .await
-        .unwrap()
-        .expect("the order exists")
-}
-
-fn steps<'a>(story: &'a Story, actor: &str, kind: Kind) -> Vec<&'a Step> {
-    story
-        .steps
-        .iter()
-        .filter(|s| s.actor == actor && s.kind == kind)
-        .collect()
-}
+use common::{steps, tell};
 
 /// For each of `orders`: its payment result again on every partition, a late failure
 /// with an id of its own, a poison record keyed by the order, and its `order.created`
