@@ -21,12 +21,16 @@ use crate::{
 /// committing the charge or the refund.
 const LOST_ANSWERS: f64 = 1.0 / 3.0;
 
+/// How long each charge takes in the second half of a lost-answer run.
+const SLOW_CHARGE_MS: u64 = 300;
+
 /// One order in this many is cancelled through the API, at a moment of its own.
 const CANCELLED_ONE_IN: u128 = 5;
 
-/// A lost-answer run: the provider loses a third of its charges' and of its refunds'
-/// answers (deterministically: every third call of each) for the whole load, while a
-/// fifth of the orders are cancelled. `failpoints` are armed in payment-service for the
+/// A lost-answer run: the provider loses a third of its refunds' answers
+/// (deterministically: every third call) for the whole load, and a third of its charges'
+/// for the first half, then takes [`SLOW_CHARGE_MS`] over each, while a fifth of the
+/// orders are cancelled. `failpoints` are armed in payment-service for the
 /// whole run (a fresh key on each call, the bug the key exists to prevent); `crashes`
 /// aborts it and restarts it meanwhile.
 async fn lost_answers_run(
@@ -48,6 +52,14 @@ async fn lost_answers_run(
     }
     let load = Load::start(&stack, orders, rate());
     let cancellations = Cancellations::start(&stack, &load, CANCELLED_ONE_IN);
+    // From half-way, the charges are slow instead of lost: a cancellation then often
+    // reaches payment-service while its order's charge is still at the provider, and is
+    // prepared before the charge exists.
+    load.reached(orders / 2).await;
+    stack
+        .provider()
+        .arm(json!({"kind": "slow", "delay_ms": SLOW_CHARGE_MS}))
+        .await;
     let (findings, _, cancelled) = drain_and_check_with(
         &mut stack,
         load,
@@ -60,9 +72,10 @@ async fn lost_answers_run(
     let lost_refunds = findings.provider["refunds"]["lost_responses"]
         .as_u64()
         .unwrap_or(0);
+    let slowed = findings.provider["slowed"].as_u64().unwrap_or(0);
     assert!(
-        lost > 0 && lost_refunds > 0,
-        "the provider lost no charge's or no refund's answer: {}",
+        lost > 0 && lost_refunds > 0 && slowed > 0,
+        "the provider lost no charge's or no refund's answer, or slowed no charge: {}",
         findings.provider
     );
     if let Some(crashes) = &crashes {
@@ -105,10 +118,11 @@ async fn a_third_of_the_providers_answers_lost_while_a_fifth_of_the_orders_are_c
     let stat = |name: &str| findings.provider[name].as_u64().unwrap_or(0);
     let refund_stat = |name: &str| findings.provider["refunds"][name].as_u64().unwrap_or(0);
     let injected = format!(
-        "the provider committed every third charge call and every third refund call and closed the connection without answering: {} charge answers lost of {} calls ({} replayed to the retry), {} refund answers lost of {} calls ({} replayed); {}; {injected_crashes}; {}",
+        "the provider committed every third charge call (in the first half; then took {SLOW_CHARGE_MS} ms over each) and every third refund call and closed the connection without answering: {} charge answers lost of {} calls ({} replayed to the retry, {} slowed), {} refund answers lost of {} calls ({} replayed); {}; {injected_crashes}; {}",
         stat("lost_responses"),
         stat("calls"),
         stat("replayed"),
+        stat("slowed"),
         refund_stat("lost_responses"),
         refund_stat("calls"),
         refund_stat("replayed"),
@@ -166,7 +180,7 @@ async fn with_a_fresh_key_on_each_call_a_lost_answer_charges_twice_and_the_check
     findings.report(
         "card provider's answers lost, payment-service sending a fresh key on each call (a bug on purpose)",
         &format!(
-            "failpoints {} and {} armed; every third charge and refund call's answer lost; {}",
+            "failpoints {} and {} armed; every third refund call's answer lost, every third charge call's in the first half, then each charge slowed; {}",
             failpoint::FRESH_CHARGE_KEY,
             failpoint::FRESH_REFUND_KEY,
             describe(&cancelled)
