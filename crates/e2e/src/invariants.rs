@@ -19,8 +19,8 @@
 //!   its result, and one answer per cancellation, `payment.refunded` or
 //!   `payment.voided`; every outbox row published.
 //! - **The money** (the one effect no rollback of ours can undo): per order, charged at
-//!   most once at the provider, for its amount; refunded at most once, in full, and only
-//!   a charge that succeeded; charged minus refunded is the amount for a confirmed order
+//!   most once at the provider, for its amount; each charge refunded at most once, in
+//!   full, and only one that succeeded; charged minus refunded is the amount for a confirmed order
 //!   and 0 for every cancelled one; the payment holds the provider's charge and refund,
 //!   the order the same refund; no charge made after a tombstone that was not refunded;
 //!   and no charge for an order the saga never saw.
@@ -154,7 +154,7 @@ pub struct Findings {
     /// Orders charged more than once at the provider, and charges for orders the saga
     /// never saw.
     pub charged_twice: usize,
-    /// Orders refunded more than once at the provider.
+    /// Orders with a charge refunded more than once at the provider.
     pub refunded_twice: usize,
     /// What the provider counted (`GET /admin/stats`): calls, replays, lost responses.
     pub provider: serde_json::Value,

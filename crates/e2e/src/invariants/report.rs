@@ -13,8 +13,8 @@ impl Findings {
         out.push_str(&format!(
             "checked    {} orders ({} confirmed, {} cancelled, {} pending) for: each offered order \
              placed once; settled, the way its amount and its cancellation want; exactly the \
-             events of its story, once each; charged at most once, refunded at most once and \
-             only if charged, charged minus refunded the amount if confirmed and 0 if \
+             events of its story, once each; charged at most once, each charge refunded at most \
+             once and only if it succeeded, charged minus refunded the amount if confirmed and 0 if \
              cancelled, nothing charged after a tombstone left unrefunded; every cancellation \
              answered; notifications one per kind, matching the story; every outbox row \
              published; inboxes agree with the logs; no record skipped; dead letters exactly \
