@@ -135,7 +135,7 @@ async fn poison_records_are_dead_lettered_with_their_reason_and_the_partitions_m
     let topics = &stack.kafka.topics;
     let poison: [(&str, &[u8]); 3] = [
         ("not JSON", b"this is not json"),
-        ("unknown type", br#"{"id":"p-2","type":"payment.refunded","aggregate_id":"x","payload":{},"occurred_at":"2026-07-14T09:15:40Z"}"#),
+        ("unknown type", br#"{"id":"p-2","type":"payment.disputed","aggregate_id":"x","payload":{},"occurred_at":"2026-07-14T09:15:40Z"}"#),
         ("missing field", br#"{"id":"p-3","type":"payment.succeeded","aggregate_id":"x","payload":{}}"#),
     ];
     // One in front of each partition, so whichever partition the next order's payment
@@ -176,7 +176,7 @@ async fn poison_records_are_dead_lettered_with_their_reason_and_the_partitions_m
     );
     assert!(reasons[1].contains("not UTF-8 JSON"), "{reasons:?}");
     assert!(
-        reasons[2].contains("unknown event type `payment.refunded`"),
+        reasons[2].contains("unknown event type `payment.disputed`"),
         "{reasons:?}"
     );
     for message in &dead {

@@ -6,10 +6,12 @@
 //! 1. **Dedupe.** The order event's id goes into `processed_events`; a redelivery stops
 //!    here.
 //! 2. **State.** The notification row is the aggregate and this event creates it, so the
-//!    insert is the lock: `INSERT … ON CONFLICT (order_id, kind) DO NOTHING` makes a
-//!    concurrent transaction for the same order and kind wait on the primary key, then
-//!    insert nothing. Zero rows: this customer was already told this about this order;
-//!    stop.
+//!    insert is the lock: `INSERT … ON CONFLICT (order_id, news) DO NOTHING` makes a
+//!    concurrent transaction for the same order and news wait on the primary key, then
+//!    insert nothing. The kinds are three pieces of news: the outcome (confirmed or
+//!    declined), the cancellation (by the customer or the deadline), the refund. Zero
+//!    rows: this customer had this news of this order already (a contradicting outcome is
+//!    no news either); stop.
 //! 3. Enqueue `notification.sent` with id `<order event id>:notification`.
 //!
 //! A cancellation is news only with an id order-service gives one
@@ -170,11 +172,12 @@ pub fn message(order: Uuid, amount_cents: i64, reason: Option<&str>, kind: Kind)
     }
 }
 
-/// Guard 2, and the state change: the notification row is the lock.
+/// Guard 2, and the state change: the notification row is the lock. One per order and
+/// piece of news (`news`, from the kind: the outcome, the cancellation, the refund).
 pub const INSERT_NOTIFICATION: &str = "
     INSERT INTO notifications (order_id, event_id, customer_id, kind, message)
     VALUES ($1, $2, $3, $4, $5)
-    ON CONFLICT (order_id, kind) DO NOTHING";
+    ON CONFLICT (order_id, news) DO NOTHING";
 
 /// Tells the customer `notice` in `tx`, which the consumer opened and commits when this
 /// returns `Ok`, whatever the outcome.
@@ -195,7 +198,7 @@ pub async fn notify_customer(
         return Ok(Outcome::Duplicate);
     }
 
-    // Guard 2: has this customer been told this about this order already?
+    // Guard 2: has this customer had this news of this order already?
     let inserted = tx
         .execute(
             &tx.prepare_cached(INSERT_NOTIFICATION).await?,

@@ -350,3 +350,24 @@ async fn a_refund_is_told_once_whatever_repeats_it() {
         "{message}"
     );
 }
+
+/// A hand-made contradicting outcome under an id of its own: the customer was told the
+/// order's outcome once, and is not told the opposite.
+#[tokio::test]
+async fn a_contradicting_outcome_with_a_new_id_tells_nothing() {
+    let db = database().await;
+    let handler = handler(&db);
+    let order_id = Uuid::new_v4();
+    let declined = outcome_event(&format!("{order_id}:outcome"), "order.cancelled", order_id);
+    handler.apply(&declined).await.unwrap();
+
+    let flipped = outcome_event(
+        &format!("conflict-outcome-flip:{order_id}"),
+        "order.confirmed",
+        order_id,
+    );
+    assert_eq!(handler.apply(&flipped).await.unwrap(), Outcome::Guarded);
+
+    assert_eq!(kinds(&db, order_id).await, ["declined"]);
+    assert_eq!(sent_events(&db, order_id).await, 1);
+}

@@ -250,20 +250,27 @@ pub async fn refund_charge(
     Ok(refund)
 }
 
-/// Guard 2: the order's payment, locked, as the transaction decides on it.
+/// Guard 2: the order's payment, locked, as the transaction decides on it, and whether
+/// a cancellation of it was answered already.
 pub const LOCK_PAYMENT: &str = "
-    SELECT status, charge_id, refund_id FROM payments WHERE order_id = $1 FOR UPDATE";
+    SELECT status, charge_id, answered_at IS NOT NULL AS answered
+      FROM payments WHERE order_id = $1 FOR UPDATE";
 
-/// A refund recorded with the payment it pays back.
+/// A refund recorded with the payment it pays back: the cancellation is answered.
 pub const RECORD_REFUND: &str = "
-    UPDATE payments SET refund_id = $2, refunded_at = now() WHERE order_id = $1";
+    UPDATE payments SET refund_id = $2, refunded_at = now(), answered_at = now()
+     WHERE order_id = $1";
+
+/// A declined payment's cancellation answered: nothing to refund.
+pub const RECORD_ANSWERED: &str = "UPDATE payments SET answered_at = now() WHERE order_id = $1";
 
 /// The payment of an order cancelled before a charge was recorded here: the tombstone
 /// (`voided`), with the charge and its refund when the provider had one. The insert is
 /// the lock, as a charge's is: a charge committing meanwhile makes it insert nothing.
 pub const INSERT_VOIDED: &str = "
-    INSERT INTO payments (order_id, event_id, status, amount_cents, charge_id, refund_id, refunded_at)
-    VALUES ($1, $2, 'voided', $3, $4, $5, CASE WHEN $5::text IS NULL THEN NULL ELSE now() END)
+    INSERT INTO payments
+        (order_id, event_id, status, amount_cents, charge_id, refund_id, refunded_at, answered_at)
+    VALUES ($1, $2, 'voided', $3, $4, $5, CASE WHEN $5::text IS NULL THEN NULL ELSE now() END, now())
     ON CONFLICT (order_id) DO NOTHING";
 
 /// Answers the cancellation `event` with what `found` says, in `tx`, which the consumer
@@ -293,8 +300,9 @@ pub async fn refund_order(
     };
     let status: &str = payment.get("status");
     let charge_id: Option<&str> = payment.get("charge_id");
-    if status == "voided" || payment.get::<_, Option<&str>>("refund_id").is_some() {
-        // Answered before: by an earlier cancellation, or a charge met by its tombstone.
+    if payment.get("answered") {
+        // Answered before: this cancellation delivered again after its id left the
+        // inbox, or a charge that met its tombstone and was refunded.
         return Ok(Outcome::Guarded);
     }
     match &found {
@@ -315,7 +323,10 @@ pub async fn refund_order(
                 charge_id.unwrap_or("no charge id")
             )));
         }
-        _ => {}
+        _ => tx.pipeline(
+            tx.prepare_cached(RECORD_ANSWERED).await?,
+            vec![Box::new(order.order_id)],
+        ),
     }
     enqueue_answer(tx, topics, event, &found, "declined").await?;
     Ok(Outcome::Applied)

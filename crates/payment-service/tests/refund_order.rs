@@ -370,3 +370,44 @@ async fn a_cancellation_racing_its_charge_leaves_either_nothing_charged_or_one_r
         }
     }
 }
+
+/// The inbox forgot the cancellations' ids: each copy passes guard 1, and the payment's
+/// mark that its cancellation was answered stops it, refunded or declined alike.
+#[tokio::test]
+async fn a_cancellation_delivered_again_after_its_id_was_pruned_answers_nothing() {
+    let f = fixture().await;
+    let handler = f.handler();
+    let (charged, declined) = (Uuid::new_v4(), Uuid::new_v4());
+    let over_the_limit = LIMIT_CENTS + 1;
+    handler.apply(&created(charged, 2598)).await.unwrap();
+    handler
+        .apply(&created(declined, over_the_limit))
+        .await
+        .unwrap();
+    let cancellations = [
+        cancelled(charged, 2598),
+        cancellation(&format!("{declined}:outcome"), declined, over_the_limit),
+    ];
+    for cancel in &cancellations {
+        assert_eq!(handler.apply(cancel).await.unwrap(), Outcome::Applied);
+    }
+
+    assert!(f.db.prune_inbox().await >= 4);
+    for cancel in &cancellations {
+        assert_eq!(
+            handler.apply(cancel).await.unwrap(),
+            Outcome::Guarded,
+            "{}",
+            cancel.id
+        );
+    }
+
+    f.refunded_once(charged, 2598).await;
+    let answers: Vec<String> = f
+        .events(declined)
+        .await
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    assert_eq!(answers, ["payment.failed", "payment.voided"]);
+}
