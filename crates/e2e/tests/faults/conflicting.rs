@@ -5,8 +5,10 @@
 //! for a declined one) carries an id of its own, `conflict-outcome-flip:<order id>`.
 //! Only the ids order-service gives an order's outcome and cancellation
 //! (`<id>:outcome`, `<id>:cancel`) are the order's state: payment-service refunds
-//! nothing and notification-service tells the customer nothing for any other, and both
-//! log it `ignored`. The checker then finds no refund and no notification for it.
+//! nothing for any other, and logs it `ignored`. notification-service ignores such a
+//! cancellation too, and a flipped confirmation meets guard 2, as the customer was told
+//! the order's outcome once already. The checker then finds no refund and no
+//! notification for it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -170,7 +172,8 @@ fn repeated_and_flipped_order_events<'a>(order: &Decided, orders: &'a str) -> Ve
         },
         // The opposite outcome, with an id of its own: not one order-service gives an
         // order's outcome or cancellation, so it is not the order's state. It moves no
-        // money and tells the customer nothing: ignored.
+        // money, and tells the customer nothing: a cancellation is ignored, a
+        // confirmation finds the outcome the customer was told (guard 2).
         Conflict {
             topic: orders,
             event_id: format!("conflict-outcome-flip:{id}"),
@@ -178,7 +181,14 @@ fn repeated_and_flipped_order_events<'a>(order: &Decided, orders: &'a str) -> Ve
             payload: outcome_payload.clone(),
             outcomes: vec![
                 (PAYMENT_SERVICE, "ignored"),
-                (NOTIFICATION_SERVICE, "ignored"),
+                (
+                    NOTIFICATION_SERVICE,
+                    if flipped_outcome == events::ORDER_CONFIRMED {
+                        "guarded"
+                    } else {
+                        "ignored"
+                    },
+                ),
             ],
         },
         // The genuine outcome once more: guard 1, for payment-service too when it is a
