@@ -33,6 +33,19 @@ fn event_with_reason(id: &str, event_type: &str, order_id: Uuid, reason: &str) -
     Envelope::from_slice(&raw).unwrap()
 }
 
+/// The order's one notification's text.
+async fn the_message(db: &TestDatabase, order_id: Uuid) -> String {
+    db.client()
+        .await
+        .query_one(
+            "SELECT message FROM notifications WHERE order_id = $1",
+            &[&order_id],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// The kinds of notification the order has, in the order they were made.
 async fn kinds(db: &TestDatabase, order_id: Uuid) -> Vec<String> {
     db.client()
@@ -126,16 +139,7 @@ async fn a_cancelled_order_tells_the_customer_why() {
         .await
         .unwrap();
 
-    let message: String = db
-        .client()
-        .await
-        .query_one(
-            "SELECT message FROM notifications WHERE order_id = $1",
-            &[&order_id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let message = the_message(&db, order_id).await;
     assert!(
         message.contains("cancelled (amount exceeds limit)"),
         "{message}"
@@ -275,16 +279,7 @@ async fn each_cancellation_says_why_in_its_own_words() {
             .unwrap();
 
         assert_eq!(kinds(&db, order_id).await, [kind], "{reason}");
-        let message: String = db
-            .client()
-            .await
-            .query_one(
-                "SELECT message FROM notifications WHERE order_id = $1",
-                &[&order_id],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let message = the_message(&db, order_id).await;
         assert!(message.contains(words), "{reason}: {message}");
     }
 }
@@ -335,16 +330,7 @@ async fn a_refund_is_told_once_whatever_repeats_it() {
     );
 
     assert_eq!(kinds(&db, order_id).await, ["refunded"]);
-    let message: String = db
-        .client()
-        .await
-        .query_one(
-            "SELECT message FROM notifications WHERE order_id = $1",
-            &[&order_id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let message = the_message(&db, order_id).await;
     assert!(
         message.contains("25.98") && message.contains("refunded"),
         "{message}"

@@ -85,6 +85,15 @@ impl Fixture {
     }
 
     /// The outbox's events for the order: id and type, in order.
+    /// The types of the outbox's events for the order, in order.
+    async fn event_types(&self, order_id: Uuid) -> Vec<String> {
+        self.events(order_id)
+            .await
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    }
+
     async fn events(&self, order_id: Uuid) -> Vec<(String, String)> {
         self.db
             .client()
@@ -339,12 +348,7 @@ async fn a_charge_that_meets_its_orders_tombstone_is_refunded() {
     assert_eq!(apply_until_done(&handler, &create).await, Outcome::Applied);
 
     f.refunded_once(order_id, 2598).await;
-    let answers: Vec<String> = f
-        .events(order_id)
-        .await
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect();
+    let answers = f.event_types(order_id).await;
     assert_eq!(answers, ["payment.voided", "payment.refunded"]);
 }
 
@@ -403,11 +407,6 @@ async fn a_cancellation_delivered_again_after_its_id_was_pruned_answers_nothing(
     }
 
     f.refunded_once(charged, 2598).await;
-    let answers: Vec<String> = f
-        .events(declined)
-        .await
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect();
+    let answers = f.event_types(declined).await;
     assert_eq!(answers, ["payment.failed", "payment.voided"]);
 }
