@@ -114,7 +114,7 @@ impl Handler for RefundOrder {
         let standing = match read_ahead(pool, event, order.order_id).await? {
             Ahead::Duplicate => return Ok(Step::Done(Outcome::Duplicate)),
             Ahead::Payment(payment) => payment,
-            Ahead::NoPayment => self.charge_at_provider(order.order_id).await?,
+            Ahead::NoPayment => standing_at_provider(&self.provider, order.order_id).await?,
         };
         let Some(Standing {
             charge_id,
@@ -123,9 +123,8 @@ impl Handler for RefundOrder {
         else {
             return Ok(Step::Apply(Found::NothingCharged { order }));
         };
-        let refund = self
-            .refund(order.order_id, &charge_id, amount_cents)
-            .await?;
+        let refund =
+            refund_charge(&self.provider, order.order_id, &charge_id, amount_cents).await?;
         Ok(Step::Apply(Found::Refunded {
             order,
             charge_id,
@@ -188,25 +187,6 @@ async fn read_ahead(pool: &Pool, event: &Envelope, order_id: Uuid) -> Result<Ahe
         }),
         _ => None,
     }))
-}
-
-impl RefundOrder {
-    /// The order's charge at the provider that succeeded and stands, if any: asked for
-    /// when this service has no payment for the order.
-    async fn charge_at_provider(&self, order_id: Uuid) -> Result<Option<Standing>, HandlerError> {
-        standing_at_provider(&self.provider, order_id).await
-    }
-
-    /// Refunds `charge_id` under the order's key; a refund made before (its answer lost)
-    /// comes back as the provider's replay.
-    async fn refund(
-        &self,
-        order_id: Uuid,
-        charge_id: &str,
-        amount_cents: i64,
-    ) -> Result<Refund, HandlerError> {
-        refund_charge(&self.provider, order_id, charge_id, amount_cents).await
-    }
 }
 
 /// The order's charge at the provider that succeeded, if any. A charge refunded there
