@@ -17,9 +17,10 @@ use clap::Args;
 use metrics::{counter, histogram};
 use reqwest::StatusCode;
 use saga::HandlerError;
-use saga::idempotency;
+use saga::{idempotency, trace};
 use serde::Serialize;
 use serde_json::Value;
+use tracing::Instrument;
 
 mod refunds;
 pub use refunds::{ProviderCharge, Refund, RefundRequest};
@@ -148,15 +149,31 @@ impl Provider {
         answer.map_err(Call::Failed)
     }
 
-    /// Sends `request` and reads its answer to the end.
+    /// Sends `request` and reads its answer to the end, in a client span whose trace
+    /// context the request carries to the provider.
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Reply, Call> {
         let no_answer =
             |what: String| Call::NoAnswer(HandlerError::Unavailable(format!("provider: {what}")));
-        let response = request
-            .send()
-            .await
+        let mut request = request
+            .build()
             .map_err(|error| no_answer(describe(error)))?;
+        let span = trace::client_span(request.method().as_str(), request.url().as_str());
+        trace::inject(&span, request.headers_mut());
+        let response = self
+            .http
+            .execute(request)
+            .instrument(span.clone())
+            .await
+            .map_err(|error| {
+                trace::failed(&span, &error);
+                no_answer(describe(error))
+            })?;
         let status = response.status();
+        trace::attribute(
+            &span,
+            "http.response.status_code",
+            i64::from(status.as_u16()),
+        );
         let replayed = response.headers().contains_key(idempotency::REPLAYED);
         let body = response.text().await.map_err(|error| {
             no_answer(format!("{status}, answer cut short: {}", describe(error)))

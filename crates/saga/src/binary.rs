@@ -1,5 +1,5 @@
-//! What each service's binary does, start to end: read its settings, start logging,
-//! build the service, then run it until SIGINT or SIGTERM.
+//! What each service's binary does, start to end: read its settings, start logging and
+//! traces, build the service, then run it until SIGINT or SIGTERM.
 
 use std::future::Future;
 
@@ -7,7 +7,8 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 /// Runs a service's binary with its `build` and `run_until_stopped`. The settings are
-/// read before logging starts, so `--help` and a bad flag print nothing else.
+/// read before logging starts, so `--help` and a bad flag print nothing else; `--help`
+/// ends with the OpenTelemetry variables every service reads.
 pub async fn run<C, A, Built, Stopped>(
     build: impl FnOnce(C) -> Built,
     run_until_stopped: impl FnOnce(A, CancellationToken) -> Stopped,
@@ -17,8 +18,12 @@ where
     Built: Future<Output = anyhow::Result<A>>,
     Stopped: Future<Output = anyhow::Result<()>>,
 {
-    let config = C::parse();
-    crate::telemetry::init();
-    let app = build(config).await?;
-    run_until_stopped(app, crate::shutdown::on_signal()).await
+    let command = C::command().after_help(crate::telemetry::OTEL_HELP);
+    let service = command.get_name().to_owned();
+    let config = C::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit());
+    let telemetry = crate::telemetry::init_service(&service)?;
+    let ran = async { run_until_stopped(build(config).await?, crate::shutdown::on_signal()).await };
+    let ran = ran.await;
+    telemetry.shutdown();
+    ran
 }

@@ -51,11 +51,32 @@ pub struct Envelope {
 /// The record an event was read from: guard 1 stores it with the id it claims, so the
 /// story of an order knows which copy of an event took effect. Empty for an event built
 /// in code rather than read from the broker.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Delivery {
     pub topic: Option<String>,
     pub partition: Option<i32>,
     pub offset: Option<i64>,
+    /// The consumer's process span for this copy ([`crate::trace::process_span`]): what
+    /// its handler writes continues that span's trace.
+    pub span: tracing::Span,
+}
+
+/// Two deliveries are the same copy when read from the same place, whatever their spans.
+impl PartialEq for Delivery {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.topic, self.partition, self.offset) == (&other.topic, other.partition, other.offset)
+    }
+}
+
+impl Default for Delivery {
+    fn default() -> Self {
+        Self {
+            topic: None,
+            partition: None,
+            offset: None,
+            span: tracing::Span::none(),
+        }
+    }
 }
 
 impl Delivery {
@@ -64,6 +85,7 @@ impl Delivery {
             topic: Some(message.topic().to_owned()),
             partition: Some(message.partition()),
             offset: Some(message.offset()),
+            ..Self::default()
         }
     }
 }

@@ -12,6 +12,7 @@ use std::future::Future;
 
 use deadpool_postgres::Pool;
 use futures::future::join_all;
+use tracing::Instrument;
 
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::failpoint;
@@ -257,7 +258,12 @@ impl<H: Handler> Applier<H> {
         let tx = Transaction::begin(&client).waking(self.relay.as_ref());
         for (event, step) in events.iter().zip(steps) {
             outcomes.push(match step {
-                Step::Apply(prepared) => self.handler.apply(&tx, event, prepared).await?,
+                // In its own record's span, so that what it writes to the outbox continues
+                // its own trace, not the batch's first.
+                Step::Apply(prepared) => {
+                    let applied = self.handler.apply(&tx, event, prepared);
+                    applied.instrument(event.delivery.span.clone()).await?
+                }
                 Step::Done(outcome) => outcome,
             });
         }

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::{BoxError, ServiceBuilder};
 use tower_http::timeout::TimeoutLayer;
+use tracing::Instrument;
 
 use crate::config::HttpLimits;
 
@@ -90,6 +91,12 @@ pub const HEADER_LIMIT: usize = 16 * 1024;
 /// [`HEADER_LIMIT`]; [`json_errors`] over all that follows; a request done within
 /// `limits.http_request_timeout`, or `408`; a body within [`BODY_LIMIT`], or `413`.
 pub fn edge(router: Router, limits: &HttpLimits) -> Router {
+    let router = if crate::trace::enabled() {
+        // Innermost: a route's pattern is known only inside the router's own layers.
+        router.layer(axum::middleware::from_fn(trace_request))
+    } else {
+        router
+    };
     router
         // Set, so that the layers below surely cover a path no route matches.
         .fallback(|| async { StatusCode::NOT_FOUND })
@@ -110,6 +117,41 @@ pub fn edge(router: Router, limits: &HttpLimits) -> Router {
                     limits.http_max_concurrent_requests,
                 )),
         )
+}
+
+/// A server span per request, continuing the caller's trace context if it sent one: the
+/// first span of an order's trace (`POST /v1/orders`), or the provider's side of a charge.
+async fn trace_request(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(
+            || request.uri().path().to_owned(),
+            |path| path.as_str().to_owned(),
+        );
+    let span = tracing::info_span!(
+        "request",
+        method = %request.method(),
+        route,
+        otel.name = tracing::field::Empty,
+        otel.kind = tracing::field::Empty,
+    );
+    crate::trace::name(&span, &format!("{} {route}", request.method()), "server");
+    crate::trace::continue_from(&span, &crate::trace::HttpHeaders(request.headers()), false);
+    crate::trace::attribute(&span, "http.request.method", request.method().to_string());
+    crate::trace::attribute(&span, "http.route", route);
+    crate::trace::attribute(&span, "url.path", request.uri().path().to_owned());
+    let response = next.run(request).instrument(span.clone()).await;
+    let status = response.status();
+    crate::trace::attribute(
+        &span,
+        "http.response.status_code",
+        i64::from(status.as_u16()),
+    );
+    if status.is_server_error() {
+        crate::trace::failed(&span, status);
+    }
+    response
 }
 
 /// What the concurrency limit answers past its number: refused at once, so a client

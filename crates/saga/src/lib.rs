@@ -57,6 +57,7 @@ pub mod retry;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
+pub mod trace;
 pub mod transaction;
 
 pub use envelope::{Delivery, Envelope, EnvelopeError};

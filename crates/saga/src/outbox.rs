@@ -13,6 +13,7 @@
 //!   order; one order's events are causally ordered, each written after the previous one
 //!   was consumed.)
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ::metrics::counter;
@@ -31,6 +32,7 @@ use crate::envelope::{Delivery, Envelope};
 use crate::failpoint;
 pub use crate::local_relay::LocalRelay;
 use crate::metrics;
+use crate::trace;
 use crate::transaction::Transaction;
 
 /// An event to publish once the surrounding transaction commits.
@@ -56,8 +58,8 @@ pub const SKIP_NOTIFY: &str = "SELECT set_config('saga.outbox_notify', 'off', tr
 /// An event into the outbox, in the transaction that changes the state it announces.
 /// Every handler's last statement, and every benchmark script's.
 pub const INSERT_EVENT: &str = "
-    INSERT INTO outbox (event_id, topic, key, type, payload, caused_by)
-    VALUES ($1, $2, $3, $4, $5, $6)";
+    INSERT INTO outbox (event_id, topic, key, type, payload, caused_by, traceparent, tracestate)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// Inserts `event` into the outbox inside `tx`. A second event with the same id violates
 /// the `event_id` unique constraint: the database itself refuses to announce a
@@ -72,6 +74,10 @@ pub const INSERT_EVENT: &str = "
 /// When the transaction runs beside the active relay ([`Transaction::waking`]), it tells
 /// the outbox's trigger not to NOTIFY, and wakes the relay in memory once it has
 /// committed (see [`LocalRelay`]).
+///
+/// The row keeps the trace context of the span it is written in (a consumer's process
+/// span, a request's server span), which the relay's send span continues
+/// ([`crate::trace`]).
 pub async fn enqueue<P: Serialize>(
     tx: &Transaction<'_>,
     event: &NewEvent<'_, P>,
@@ -84,6 +90,7 @@ pub async fn enqueue<P: Serialize>(
     let insert = tx.prepare_cached(INSERT_EVENT).await?;
     let payload = serde_json::to_value(event.payload)
         .expect("event payloads are plain structs and serialize");
+    let mut trace = trace::carrier_of(&tracing::Span::current());
     tx.pipeline(
         insert,
         vec![
@@ -93,6 +100,8 @@ pub async fn enqueue<P: Serialize>(
             Box::new(event.event_type.to_owned()),
             Box::new(Json(payload)),
             Box::new(event.caused_by.map(str::to_owned)),
+            Box::new(trace.remove("traceparent")),
+            Box::new(trace.remove("tracestate")),
         ],
     );
     Ok(())
@@ -345,6 +354,12 @@ impl OutboxRelay {
             };
             let value = envelope.to_json();
             let caused_by: Option<String> = row.get("caused_by");
+            let span = trace::send_span(
+                &topic,
+                &envelope.aggregate_id,
+                &envelope.id,
+                &stored_context(row),
+            );
             let mut headers = OwnedHeaders::new()
                 .insert(Header {
                     key: "event_id",
@@ -360,13 +375,15 @@ impl OutboxRelay {
                     value: Some(cause.as_str()),
                 });
             }
+            let headers = trace::into_record_headers(headers, &span);
             let record = FutureRecord::to(&topic)
                 .key(&envelope.aggregate_id)
                 .payload(&value)
                 .headers(headers);
             match self.producer.send_result(record) {
-                Ok(delivery) => deliveries.push((id, topic, delivery)),
+                Ok(delivery) => deliveries.push((id, topic, delivery, span)),
                 Err((error, _)) => {
+                    trace::failed(&span, &error);
                     // The rows after it must not overtake it: stop here.
                     failure = Some(anyhow::anyhow!("cannot enqueue {}: {error}", envelope.id));
                     break;
@@ -374,15 +391,19 @@ impl OutboxRelay {
             }
         }
         let mut acknowledged = Vec::with_capacity(deliveries.len());
-        for (id, topic, delivery) in deliveries {
+        for (id, topic, delivery, span) in deliveries {
             match delivery.await {
-                Ok(Ok(_)) => {
+                Ok(Ok(delivered)) => {
+                    trace::sent(&span, delivered.partition, delivered.offset);
                     acknowledged.push(id);
                     // Counted once the broker has it, as the consumers will see it;
                     // a crash before the row is marked publishes it, and counts it, again.
                     counter!(metrics::OUTBOX_PUBLISHED, "topic" => topic).increment(1);
                 }
-                Ok(Err((error, _))) => failure = Some(anyhow::anyhow!("outbox row {id}: {error}")),
+                Ok(Err((error, _))) => {
+                    trace::failed(&span, &error);
+                    failure = Some(anyhow::anyhow!("outbox row {id}: {error}"));
+                }
                 Err(_) => failure = Some(anyhow::anyhow!("outbox row {id}: producer dropped")),
             }
         }
@@ -391,6 +412,14 @@ impl OutboxRelay {
         }
         (acknowledged, failure)
     }
+}
+
+/// The trace context a row was written in, from its `traceparent` and `tracestate`.
+fn stored_context(row: &Row) -> HashMap<String, String> {
+    ["traceparent", "tracestate"]
+        .into_iter()
+        .filter_map(|column| Some((column.to_owned(), row.get::<_, Option<String>>(column)?)))
+        .collect()
 }
 
 /// Marks the rows the broker acknowledged since the last look (`$1`) and reads up to a
@@ -402,7 +431,8 @@ pub const MARK_AND_READ: &str = "
     WITH marked AS (
         UPDATE outbox SET published_at = now() WHERE id = ANY($1)
     )
-    SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by
+    SELECT id, event_id, topic, key, type, payload, occurred_at, caused_by, traceparent,
+           tracestate
       FROM outbox
      WHERE published_at IS NULL AND id <> ALL($1)
      ORDER BY id

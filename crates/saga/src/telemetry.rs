@@ -1,22 +1,131 @@
-//! Logging: structured `tracing` events to stderr, filtered by `RUST_LOG`
-//! (default `info`). `LOG_FORMAT=json` switches to one JSON object per line for machines.
+//! Logging and traces. Logs: structured `tracing` events to stderr, filtered by
+//! `RUST_LOG` (default `info`); `LOG_FORMAT=json` switches to one JSON object per line for
+//! machines. Traces: the same spans, exported with OTLP/HTTP when an endpoint is set
+//! ([`OTEL_HELP`] lists the standard variables read); what they hold is in
+//! [`crate::trace`].
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::EnvFilter;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{SpanExporter, WithExportConfig as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
+/// The standard OpenTelemetry variables the services read, for their `--help`.
+pub const OTEL_HELP: &str = "\
+Traces (OpenTelemetry; off unless an endpoint is set):
+  OTEL_EXPORTER_OTLP_ENDPOINT         OTLP/HTTP collector, e.g. http://127.0.0.1:4318
+                                      (spans go to <endpoint>/v1/traces)
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT  the full URL for spans, instead of the above
+  OTEL_EXPORTER_OTLP_HEADERS          key=value,… sent with each export (credentials)
+  OTEL_EXPORTER_OTLP_TIMEOUT          milliseconds per export (10000)
+  OTEL_SERVICE_NAME                   service.name (default: the binary's name)
+  OTEL_RESOURCE_ATTRIBUTES            key=value,… added to every span's resource
+  OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG
+                                      which traces to keep (parentbased_always_on)
+  OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE
+                                      the batching exporter's pace and queue
+  OTEL_SDK_DISABLED=true, OTEL_TRACES_EXPORTER=none
+                                      export nothing, whatever the endpoint";
+
+/// Exports spans until [`Telemetry::shutdown`], which sends what is still queued.
+#[must_use = "spans still queued are lost unless it is shut down"]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Sends the spans still queued; waits at most the exporter's timeout.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider
+            && let Err(error) = provider.shutdown()
+        {
+            tracing::warn!(%error, "traces: the last spans were not exported");
+        }
+    }
+}
+
+/// Starts logging alone: for the tools (`sagactl`, `redrive-dlq`), whose spans no trace
+/// needs.
 pub fn init() {
+    let _ = install(None);
+}
+
+/// Starts logging, and exporting spans as `service` when the environment asks for it. A
+/// second call (tests start several services in one process) keeps the first's setup.
+pub fn init_service(service: &str) -> anyhow::Result<Telemetry> {
+    install(Some(service))
+}
+
+fn install(service: Option<&str>) -> anyhow::Result<Telemetry> {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,rdkafka=warn,tokio_postgres=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         // Colours only for a person at a terminal: a log file must stay greppable.
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    // A second init (tests start several services in one process) keeps the first.
-    let _ = if std::env::var("LOG_FORMAT").as_deref() == Ok("json") {
-        builder.json().try_init()
+    let fmt = if std::env::var("LOG_FORMAT").as_deref() == Ok("json") {
+        fmt.json().boxed()
     } else {
-        builder.try_init()
+        fmt.boxed()
     };
+    let provider = match service {
+        Some(service) if exporting() => Some(provider(service)?),
+        _ => None,
+    };
+    let traces = provider.as_ref().map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("saga"))
+            // Busy and idle times per span: two clock reads per poll, for figures the
+            // span's own start and end already give.
+            .with_tracked_inactivity(false)
+    });
+    let installed = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(traces)
+        .try_init()
+        .is_ok();
+    match provider {
+        Some(provider) if installed => {
+            crate::trace::enable();
+            tracing::info!(service, "traces: exporting spans with OTLP");
+            Ok(Telemetry {
+                provider: Some(provider),
+            })
+        }
+        _ => Ok(Telemetry { provider: None }),
+    }
+}
+
+/// Whether an OTLP endpoint is set and nothing switches export off.
+fn exporting() -> bool {
+    let set = |name: &str| std::env::var(name).is_ok_and(|value| !value.trim().is_empty());
+    let is = |name: &str, value: &str| {
+        std::env::var(name).is_ok_and(|set| set.trim().eq_ignore_ascii_case(value))
+    };
+    (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+        && !is("OTEL_SDK_DISABLED", "true")
+        && !is("OTEL_TRACES_EXPORTER", "none")
+}
+
+fn provider(service: &str) -> anyhow::Result<SdkTracerProvider> {
+    // The exporter reads the OTEL_EXPORTER_OTLP_* variables; a bad value is refused here.
+    let exporter = SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .build()
+        .map_err(|error| anyhow::anyhow!("traces: OTEL_EXPORTER_OTLP_*: {error}"))?;
+    let mut resource = Resource::builder();
+    // OTEL_SERVICE_NAME, read by the builder, names the service if it is set.
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(service.to_owned());
+    }
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource.build())
+        .build())
 }

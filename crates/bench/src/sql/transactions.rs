@@ -111,6 +111,9 @@ fn outbox(
             text(event_type),
             payload,
             caused_by,
+            // The trace context: none, as with traces off.
+            "NULL".into(),
+            "NULL".into(),
         ],
     }
 }
@@ -412,6 +415,8 @@ impl Transaction {
                         text(saga::events::ORDER_CONFIRMED),
                         jsonb(&payload),
                         format!("{ORDER_ID}::text || '-payment'"),
+                        "NULL".into(),
+                        "NULL".into(),
                     ],
                 },
             ],

@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::Instrument;
+use tracing::{Instrument, Span};
 
 use super::dead_letters::Failure;
 use super::fetch::SagaConsumer;
@@ -24,17 +24,14 @@ use crate::failpoint;
 use crate::handler::{Applier, Handler, HandlerError, Step};
 use crate::metrics;
 use crate::retry::Retry;
+use crate::trace;
 
-/// The span every line about one record is logged in; the fault suite finds each
-/// offset's fate by it.
-fn record_span(message: &OwnedMessage) -> tracing::Span {
-    tracing::info_span!(
-        "record",
-        topic = message.topic(),
-        partition = message.partition(),
-        offset = message.offset(),
-        event_id = tracing::field::Empty,
-    )
+/// The record as an event, carrying its process span (into which its `event_id` goes).
+fn event_of(message: &OwnedMessage, span: &Span) -> Result<Envelope, crate::EnvelopeError> {
+    let mut envelope = Envelope::from_message(message)?;
+    span.record("event_id", envelope.id.as_str());
+    envelope.delivery.span = span.clone();
+    Ok(envelope)
 }
 
 /// Applies the records of one partition, in order.
@@ -57,8 +54,13 @@ type Ahead<P> = Option<Prepare<P>>;
 /// The task preparing a record ahead: the record as an event, and what its prepare gave.
 type Prepare<P> = tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>;
 
-/// A record taken from its partition's queue, and its prepare if begun.
-type Taken<P> = (OwnedMessage, Ahead<P>);
+/// A record taken from its partition's queue: its process span (every line about it is
+/// logged in it, and its trace continues from it), and its prepare if begun.
+struct Taken<P> {
+    message: OwnedMessage,
+    span: Span,
+    ahead: Ahead<P>,
+}
 
 /// What a prepare begun ahead came to; `None` if the runtime is going down. A panic in
 /// it goes on as if it had happened here, in the worker.
@@ -112,20 +114,13 @@ impl<H: Handler> PartitionWorker<H> {
             if batch.is_empty() {
                 match queue.recv().await {
                     // A record on its own is prepared in its turn, not ahead of it.
-                    Some(message) if batch_size == 1 => batch.push((message, None)),
-                    Some(message) => {
-                        let prepared = self.prepare_ahead(&message);
-                        batch.push((message, prepared));
-                    }
+                    Some(message) => batch.push(self.take(message, batch_size > 1)),
                     None => return,
                 }
             }
             while batch.len() < batch_size {
                 match queue.try_recv() {
-                    Ok(message) => {
-                        let prepared = self.prepare_ahead(&message);
-                        batch.push((message, prepared));
-                    }
+                    Ok(message) => batch.push(self.take(message, true)),
                     Err(_) => break,
                 }
             }
@@ -142,8 +137,7 @@ impl<H: Handler> PartitionWorker<H> {
                         biased;
                         done = &mut applying => break done,
                         Some(following) = queue.recv(), if room => {
-                            let prepared = self.prepare_ahead(&following);
-                            ahead.push_back((following, prepared));
+                            ahead.push_back(self.take(following, true));
                         }
                     }
                 }
@@ -155,10 +149,23 @@ impl<H: Handler> PartitionWorker<H> {
         }
     }
 
-    fn prepare_ahead(&self, message: &OwnedMessage) -> Ahead<H::Prepared> {
-        let envelope = Envelope::from_message(message).ok()?;
-        let span = record_span(message);
-        span.record("event_id", envelope.id.as_str());
+    /// Takes `message` in hand: its process span, and its prepare begun now if `ahead`.
+    fn take(&self, message: OwnedMessage, ahead: bool) -> Taken<H::Prepared> {
+        let span = trace::process_span(&message, &self.settings.group_id);
+        let ahead = if ahead {
+            self.prepare_ahead(&message, &span)
+        } else {
+            None
+        };
+        Taken {
+            message,
+            span,
+            ahead,
+        }
+    }
+
+    fn prepare_ahead(&self, message: &OwnedMessage, span: &Span) -> Ahead<H::Prepared> {
+        let envelope = event_of(message, span).ok()?;
         let applier = self.applier.clone();
         Some(
             self.tasks.spawn(
@@ -166,7 +173,7 @@ impl<H: Handler> PartitionWorker<H> {
                     let step = applier.prepare(&envelope).await;
                     (envelope, step)
                 }
-                .instrument(span),
+                .instrument(span.clone()),
             ),
         )
     }
@@ -178,23 +185,20 @@ impl<H: Handler> PartitionWorker<H> {
             match self.process_batch(batch).await {
                 Batch::Committed => {
                     failpoint::crash_point_for(failpoint::CONSUMER_AFTER_HANDLER, batch.len());
-                    self.store_offset(&batch.last().expect("a batch is never empty").0);
+                    self.store_offset(&batch.last().expect("a batch is never empty").message);
                     return Done::Finished;
                 }
                 Batch::RolledBack => {}
                 Batch::Abandoned => return Done::Abandoned,
             }
         }
-        for (message, prepared) in batch.iter_mut() {
+        for taken in batch.iter_mut() {
             if self.shutdown.is_cancelled() {
                 return Done::Abandoned;
             }
-            match self
-                .process(message, prepared.take())
-                .instrument(record_span(message))
-                .await
-            {
-                Done::Finished => self.finished(message),
+            let processed = self.process(&taken.message, &taken.span, taken.ahead.take());
+            match processed.instrument(taken.span.clone()).await {
+                Done::Finished => self.finished(&taken.message),
                 Done::Abandoned => return Done::Abandoned,
             }
         }
@@ -206,7 +210,7 @@ impl<H: Handler> PartitionWorker<H> {
     async fn process_batch(&self, batch: &mut [Taken<H::Prepared>]) -> Batch {
         // A record that is no event at all: the batch goes one record at a time, each
         // with the prepare it has, and that one is dead-lettered.
-        if batch.iter().any(|(_, prepared)| prepared.is_none()) {
+        if batch.iter().any(|taken| taken.ahead.is_none()) {
             return Batch::RolledBack;
         }
         let started = Instant::now();
@@ -215,8 +219,8 @@ impl<H: Handler> PartitionWorker<H> {
         let mut failed = None;
         // Every prepare is awaited, a failed one or not, so that none is left running
         // while the batch's records are prepared again.
-        for (_, prepared) in batch.iter_mut() {
-            let task = prepared.take().expect("checked above");
+        for taken in batch.iter_mut() {
+            let task = taken.ahead.take().expect("checked above");
             match joined(task).await {
                 Some((envelope, Ok(step))) => {
                     events.push(envelope);
@@ -233,13 +237,15 @@ impl<H: Handler> PartitionWorker<H> {
         self.time_handler(started);
         match applied {
             Ok(outcomes) => {
-                for ((message, _), (event, outcome)) in
-                    batch.iter().zip(events.iter().zip(outcomes))
-                {
+                for (taken, (event, outcome)) in batch.iter().zip(events.iter().zip(outcomes)) {
                     self.count(&event.event_type, outcome.as_str());
-                    let span = record_span(message);
-                    span.record("event_id", event.id.as_str());
-                    span.in_scope(|| {
+                    trace::outcome(&taken.span, outcome.as_str());
+                    trace::attribute(
+                        &taken.span,
+                        "messaging.batch.message_count",
+                        batch.len() as i64,
+                    );
+                    taken.span.in_scope(|| {
                         tracing::info!(target: LOG_TARGET,
                             event_type = %event.event_type,
                             outcome = outcome.as_str(),
@@ -251,7 +257,7 @@ impl<H: Handler> PartitionWorker<H> {
                 Batch::Committed
             }
             Err(error) => {
-                let first = &batch[0].0;
+                let first = &batch[0].message;
                 tracing::info!(target: LOG_TARGET,
                     topic = first.topic(),
                     partition = first.partition(),
@@ -266,21 +272,26 @@ impl<H: Handler> PartitionWorker<H> {
     }
     /// Applies one record, retrying as its failure asks; `ahead` is its first attempt's
     /// prepare, if started already.
-    async fn process(&self, message: &OwnedMessage, ahead: Ahead<H::Prepared>) -> Done {
+    async fn process(
+        &self,
+        message: &OwnedMessage,
+        span: &Span,
+        ahead: Ahead<H::Prepared>,
+    ) -> Done {
         let (envelope, mut prepared) = match ahead {
             Some(task) => match joined(task).await {
                 Some((envelope, step)) => (envelope, Some(step)),
                 None => return Done::Abandoned,
             },
-            None => match Envelope::from_message(message) {
+            None => match event_of(message, span) {
                 Ok(envelope) => (envelope, None),
                 Err(error) => {
                     let failure = Failure::malformed(error.to_string());
+                    trace::outcome(span, "dead_lettered");
                     return self.dead_letter(message, None, failure).await;
                 }
             },
         };
-        tracing::Span::current().record("event_id", envelope.id.as_str());
         let first_failure = OffsetDateTime::now_utc();
         let mut delays = backoff::backoff();
         let mut attempt = 0;
@@ -296,6 +307,7 @@ impl<H: Handler> PartitionWorker<H> {
             let error = match applied {
                 Ok(outcome) => {
                     self.count(&envelope.event_type, outcome.as_str());
+                    trace::outcome(span, outcome.as_str());
                     tracing::info!(target: LOG_TARGET,
                         event_type = %envelope.event_type,
                         outcome = outcome.as_str(),
@@ -313,6 +325,8 @@ impl<H: Handler> PartitionWorker<H> {
             };
             if give_up {
                 let failure = Failure::given_up(error.to_string(), retry, attempt, first_failure);
+                trace::outcome(span, "dead_lettered");
+                trace::failed(span, &error);
                 return self
                     .dead_letter(message, Some(&envelope.event_type), failure)
                     .await;
