@@ -25,6 +25,7 @@ use uuid::Uuid;
 
 pub use saga::kafka::header;
 
+pub mod otlp;
 pub mod provider;
 pub mod race;
 
@@ -304,6 +305,27 @@ impl TestKafka {
         }
         self.producer
             .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .expect("the broker acknowledges");
+    }
+
+    /// Produces a copy of `record` to its topic: its key, value and headers, as a person
+    /// replays one with the console producer (`parse.headers=true`).
+    pub async fn replay(&self, record: &OwnedMessage) {
+        use rdkafka::Message as _;
+        let mut copy: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(record.topic());
+        if let Some(key) = record.key() {
+            copy = copy.key(key);
+        }
+        if let Some(value) = record.payload() {
+            copy = copy.payload(value);
+        }
+        if let Some(headers) = record.headers() {
+            copy = copy.headers(headers.clone());
+        }
+        self.producer
+            .send(copy, Duration::from_secs(10))
             .await
             .map_err(|(e, _)| e)
             .expect("the broker acknowledges");

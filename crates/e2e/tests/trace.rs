@@ -1,0 +1,347 @@
+//! One order's trace through the real binaries: the services export their spans with
+//! OTLP to a receiver in the test (`saga_testkit::otlp`), which keeps what a viewer drops
+//! (links, span kinds, every attribute), and the test reads the trace's shape from it.
+
+use saga_e2e::{KEYBOARD, NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE};
+use saga_e2e::{SETTLE, Stack};
+use saga_testkit::eventually;
+use saga_testkit::otlp::{OtlpSink, Span};
+use serde_json::json;
+use uuid::Uuid;
+
+/// Exports every 100 ms instead of every 5 s: the test waits for spans, not for a clock.
+const EXPORT_DELAY_MS: &str = "100";
+
+async fn traced_stack(sink: &OtlpSink) -> Stack {
+    Stack::start_with_env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint()),
+        ("OTEL_BSP_SCHEDULE_DELAY", EXPORT_DELAY_MS),
+    ])
+    .await
+}
+
+/// A trace context of the test's own, as a client's: its ids are known, so the order's
+/// spans can be asked for by them.
+fn client_context() -> (String, String, String) {
+    let trace_id = Uuid::new_v4().simple().to_string();
+    let span_id = Uuid::new_v4().simple().to_string()[..16].to_owned();
+    let traceparent = format!("00-{trace_id}-{span_id}-01");
+    (trace_id, span_id, traceparent)
+}
+
+/// The one span in `spans` that `service` made with `name` and, if given, for the event
+/// `message_id`; the test fails naming what it looked for and what there was.
+fn one<'a>(spans: &'a [Span], service: &str, name: &str, message_id: Option<&str>) -> &'a Span {
+    let found: Vec<&Span> = spans
+        .iter()
+        .filter(|span| span.service == service && span.name == name)
+        .filter(|span| {
+            message_id.is_none_or(|id| span.attribute("messaging.message.id") == Some(id))
+        })
+        .collect();
+    assert!(
+        found.len() == 1,
+        "expected one {service} span `{name}` for {message_id:?}, found {}; the trace holds:\n{}",
+        found.len(),
+        outline(spans)
+    );
+    found[0]
+}
+
+fn outline(spans: &[Span]) -> String {
+    let lines = spans.iter().map(|span| {
+        format!(
+            "  {} {} [{}] {} parent {} id {} outcome {:?}",
+            span.service,
+            span.name,
+            span.kind,
+            span.attribute("messaging.message.id").unwrap_or("-"),
+            span.parent_span_id,
+            span.span_id,
+            span.attribute("saga.outcome"),
+        )
+    });
+    lines.collect::<Vec<_>>().join("\n")
+}
+
+/// `child` is `parent`'s child, and, for a record's process span, also links to it.
+fn continues(child: &Span, parent: &Span) {
+    assert_eq!(
+        child.parent_span_id, parent.span_id,
+        "{} `{}` is a child of {} `{}`",
+        child.service, child.name, parent.service, parent.name
+    );
+    if child.kind == "consumer" {
+        assert!(
+            child
+                .links
+                .contains(&(parent.trace_id.clone(), parent.span_id.clone())),
+            "{} `{}` links to the send span of its record",
+            child.service,
+            child.name
+        );
+    }
+}
+
+/// `span` was made inside `ancestor`, in the same service: its parent, or a span of the
+/// handler's own (`charge_order`) under it.
+fn within(span: &Span, ancestor: &Span, spans: &[Span]) {
+    let mut parent = span.parent_span_id.as_str();
+    while parent != ancestor.span_id {
+        let Some(next) = spans
+            .iter()
+            .find(|other| other.span_id == parent && other.service == span.service)
+        else {
+            panic!(
+                "{} `{}` was made inside {} `{}`:\n{}",
+                span.service,
+                span.name,
+                ancestor.service,
+                ancestor.name,
+                outline(spans)
+            );
+        };
+        parent = &next.parent_span_id;
+    }
+}
+
+/// Places an order as a client whose request carries `traceparent`; returns its id.
+async fn place_traced_order(stack: &Stack, traceparent: &str) -> Uuid {
+    let (http, _) = stack.api();
+    let placed = http
+        .post(stack.api_url("/v1/orders"))
+        .header("traceparent", traceparent)
+        .json(&json!({
+            "customer_id": "cust-trace",
+            "items": [{ "product_id": KEYBOARD, "quantity": 1 }],
+        }))
+        .send()
+        .await
+        .expect("order-service answers");
+    assert_eq!(placed.status(), 201);
+    let order: serde_json::Value = placed.json().await.expect("a JSON body");
+    order["id"].as_str().unwrap().parse().unwrap()
+}
+
+/// Replays the order's payment record by hand, headers and all, as a person would.
+async fn replay_payment(stack: &Stack, order_id: Uuid, trace_id: &str) {
+    let payment_id = saga::events::payment_result_id(&order_id.to_string());
+    let payment = stack
+        .kafka
+        .read_all(&stack.kafka.topics.payments)
+        .await
+        .into_iter()
+        .find(|record| saga::kafka::header(record, "event_id").as_deref() == Some(&payment_id))
+        .expect("the payment's record was published");
+    let traceparent = saga::kafka::header(&payment, "traceparent");
+    assert!(traceparent.is_some_and(|context| context.contains(trace_id)));
+    stack.kafka.replay(&payment).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_orders_trace_holds_every_hop_and_a_replayed_payment_meets_guard_1() {
+    let sink = OtlpSink::keeping().await;
+    let stack = traced_stack(&sink).await;
+    let (trace_id, client_span, traceparent) = client_context();
+    let order_id = place_traced_order(&stack, &traceparent).await;
+    assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
+    replay_payment(&stack, order_id, &trace_id).await;
+    // The last hops, the replay's process span and the notification's record sent, and
+    // the provider's span: each process exports on its own.
+    let spans = eventually(SETTLE, "the trace's last spans to be exported", || async {
+        let spans = sink.trace(&trace_id);
+        let replayed = spans.iter().any(|span| {
+            span.service == ORDER_SERVICE && span.attribute("saga.outcome") == Some("duplicate")
+        });
+        let notified = spans
+            .iter()
+            .any(|span| span.service == NOTIFICATION_SERVICE && span.name.starts_with("send "));
+        let provider = spans.iter().any(|span| span.service == PAYMENT_PROVIDER);
+        (replayed && notified && provider).then_some(spans)
+    })
+    .await;
+
+    let topics = &stack.kafka.topics;
+    let charge_order = placed_and_charged(&spans, topics, order_id, &client_span);
+    let payment_id = saga::events::payment_result_id(&order_id.to_string());
+    let send_payment = one(
+        &spans,
+        PAYMENT_SERVICE,
+        &format!("send {}", topics.payments),
+        Some(&payment_id),
+    );
+    within(send_payment, charge_order, &spans);
+    let apply = applied_once_then_a_duplicate(&spans, topics, send_payment);
+    let confirmed_id = saga::events::order_outcome_id(order_id);
+    let send_confirmed = one(
+        &spans,
+        ORDER_SERVICE,
+        &format!("send {}", topics.orders),
+        Some(&confirmed_id),
+    );
+    within(send_confirmed, apply, &spans);
+    let notify = one(
+        &spans,
+        NOTIFICATION_SERVICE,
+        &format!("process {}", topics.orders),
+        Some(&confirmed_id),
+    );
+    continues(notify, send_confirmed);
+    assert_eq!(notify.attribute("saga.outcome"), Some("applied"));
+
+    // Nothing in the trace hangs loose: every span's parent is in it, but the client's.
+    for span in &spans {
+        let parent = &span.parent_span_id;
+        assert!(
+            *parent == client_span || spans.iter().any(|other| other.span_id == *parent),
+            "{} `{}` has a parent outside the trace:\n{}",
+            span.service,
+            span.name,
+            outline(&spans)
+        );
+    }
+}
+
+/// The POST, its `order.created` sent, payment-service's process span for it, its call
+/// to the provider and the provider's side of it; returns the process span.
+fn placed_and_charged<'a>(
+    spans: &'a [Span],
+    topics: &saga::Topics,
+    order_id: Uuid,
+    client_span: &str,
+) -> &'a Span {
+    let order_id = order_id.to_string();
+    let post = one(spans, ORDER_SERVICE, "POST /v1/orders", None);
+    assert_eq!(
+        (post.kind, post.parent_span_id.as_str()),
+        ("server", client_span)
+    );
+    let send_created = one(
+        spans,
+        ORDER_SERVICE,
+        &format!("send {}", topics.orders),
+        Some(&order_id),
+    );
+    continues(send_created, post);
+    let charge_order = one(
+        spans,
+        PAYMENT_SERVICE,
+        &format!("process {}", topics.orders),
+        Some(&order_id),
+    );
+    continues(charge_order, send_created);
+    assert_eq!(charge_order.attribute("saga.outcome"), Some("applied"));
+    let call = one(spans, PAYMENT_SERVICE, "POST /v1/charges", None);
+    assert_eq!(call.kind, "client");
+    continues(call, charge_order);
+    let charged = one(spans, PAYMENT_PROVIDER, "POST /v1/charges", None);
+    assert_eq!(charged.kind, "server");
+    continues(charged, call);
+    charge_order
+}
+
+/// order-service's two process spans of the payment's record: the first delivery
+/// applied, the replay met guard 1, both children of the one send. Returns the first.
+fn applied_once_then_a_duplicate<'a>(
+    spans: &'a [Span],
+    topics: &saga::Topics,
+    send_payment: &Span,
+) -> &'a Span {
+    let name = format!("process {}", topics.payments);
+    let processed: Vec<&Span> = spans
+        .iter()
+        .filter(|span| span.service == ORDER_SERVICE && span.name == name)
+        .collect();
+    assert_eq!(processed.len(), 2, "{}", outline(spans));
+    let outcome = |wanted: &str| {
+        let found = processed
+            .iter()
+            .find(|span| span.attribute("saga.outcome") == Some(wanted));
+        *found
+            .unwrap_or_else(|| panic!("a process span with outcome {wanted}:\n{}", outline(spans)))
+    };
+    let group = topics.group(ORDER_SERVICE);
+    for process in &processed {
+        continues(process, send_payment);
+        assert_eq!(
+            process.attribute("messaging.consumer.group.name"),
+            Some(group.as_str())
+        );
+    }
+    outcome("duplicate");
+    outcome("applied")
+}
+
+/// In batches, each record still has a process span of its own, in its own order's trace,
+/// and what its handler writes continues that span, not the batch's first record's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_batches_each_record_is_processed_in_its_own_orders_trace() {
+    const ORDERS: usize = 12;
+    let sink = OtlpSink::keeping().await;
+    let mut stack = Stack::start_with_env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint()),
+        ("OTEL_BSP_SCHEDULE_DELAY", EXPORT_DELAY_MS),
+        ("CONSUMER_BATCH_SIZE", "16"),
+    ])
+    .await;
+    let topics = stack.kafka.topics.clone();
+    // Stopped, so that the outcomes wait for it and it starts on a backlog: batches.
+    assert!(stack.terminate_service(NOTIFICATION_SERVICE).await);
+    let (http, _) = stack.api();
+    let mut orders = Vec::new();
+    for _ in 0..ORDERS {
+        let (trace_id, _, traceparent) = client_context();
+        let placed = http
+            .post(stack.api_url("/v1/orders"))
+            .header("traceparent", &traceparent)
+            .json(&json!({
+                "customer_id": "cust-trace",
+                "items": [{ "product_id": KEYBOARD, "quantity": 1 }],
+            }))
+            .send()
+            .await
+            .expect("order-service answers");
+        let body: serde_json::Value = placed.json().await.expect("a JSON body");
+        orders.push((
+            body["id"].as_str().unwrap().parse::<Uuid>().unwrap(),
+            trace_id,
+        ));
+    }
+    for (order_id, _) in &orders {
+        stack.settled_order(*order_id).await;
+    }
+    stack.start_service(NOTIFICATION_SERVICE).await;
+
+    let name = format!("process {}", topics.orders);
+    let mut batched = 0;
+    for (order_id, trace_id) in &orders {
+        let outcome = saga::events::order_outcome_id(*order_id);
+        let spans = eventually(
+            SETTLE,
+            "the notification's spans to be exported",
+            || async {
+                let spans = sink.trace(trace_id);
+                let sent = spans.iter().any(|span| {
+                    span.service == NOTIFICATION_SERVICE && span.name.starts_with("send ")
+                });
+                sent.then_some(spans)
+            },
+        )
+        .await;
+        let process = one(&spans, NOTIFICATION_SERVICE, &name, Some(&outcome));
+        assert_eq!(process.attribute("saga.outcome"), Some("applied"));
+        let send = one(
+            &spans,
+            NOTIFICATION_SERVICE,
+            &format!("send {}", topics.notifications),
+            None,
+        );
+        within(send, process, &spans);
+        let count = process.attribute("messaging.batch.message_count");
+        batched += usize::from(count.is_some_and(|count| count != "1"));
+    }
+    assert!(
+        batched > 0,
+        "the backlog was applied in batches (no process span says a batch of more than one)"
+    );
+}
