@@ -171,6 +171,20 @@ pub struct Cancellations {
     pub refund_path: Drain,
 }
 
+/// Phase 6: the same backlog settled with spans exported and without.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Traces {
+    /// The steps exporting nothing, and those exporting every span (to a receiver that
+    /// drops them), in the order off, on, on, off.
+    pub off: Vec<Settled>,
+    pub on: Vec<Settled>,
+    pub off_per_second: f64,
+    pub on_per_second: f64,
+    /// Spans the receiver got in the two steps exporting.
+    pub spans: u64,
+    pub spans_per_order: f64,
+}
+
 /// A backlog of orders until every one settled.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Settled {
@@ -245,6 +259,7 @@ pub struct Report {
     pub provider_call: ProviderCall,
     pub pruning: Pruning,
     pub cancellations: Cancellations,
+    pub traces: Traces,
     pub ceilings: Vec<Ceiling>,
     /// Orders per second pgbench's rates allow, all transactions of an order sharing one
     /// server: 1 / Σ (transactions of that kind per order / its tps), the provider's

@@ -18,13 +18,16 @@
 //!    against the same backlog with the pruner off.
 //! 5. **Cancellations**: a backlog settled with none of its orders cancelled and with
 //!    one in ten, and payment-service through a backlog of refunds.
+//! 6. **Traces**: a backlog settled with the services exporting their spans with OTLP
+//!    (to a receiver that drops them) and without.
 //!
 //! The saga's databases, topics and ports are the benchmark's own, fresh each run, and so
 //! are the card provider's database and port: the demo stack, the walkthrough and the
 //! tests never see them.
 //!
 //! Each phase has a file of its own under `run/`: `load`, `capacity`, `ceiling`,
-//! `pruning`, `cancellations`, then `exactly_once` (the effects and dead letters counted at the end) and
+//! `pruning`, `cancellations`, `traces`, then `exactly_once` (the effects and dead letters
+//! counted at the end) and
 //! `assemble` (the report made of it all); `stack` holds the services as processes.
 
 mod assemble;
@@ -35,6 +38,7 @@ mod exactly_once;
 mod load;
 mod pruning;
 mod stack;
+mod traces;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,7 +51,7 @@ use crate::db::Databases;
 use crate::load::{LoadGenerator, Shape};
 use crate::pgbench;
 use crate::procs;
-use crate::report::{Cancellations, Capacity, Machine, Pruning, Report, Step};
+use crate::report::{Cancellations, Capacity, Machine, Pruning, Report, Step, Traces};
 use crate::sql::{Database, Transaction};
 
 use ceiling::Ceilings;
@@ -210,7 +214,7 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
     .await;
     // Whatever happened, leave no service of ours running.
     let stopped = stack.stop_all().await;
-    let (steps, capacity, pruning, cancellations) = result?;
+    let (steps, capacity, pruning, cancellations, traces) = result?;
     stopped?;
 
     let (effects, dead_letters) = exactly_once::count(&databases, &settings, &namespace).await?;
@@ -228,6 +232,7 @@ pub async fn run(settings: Settings, plan: Plan) -> anyhow::Result<Report> {
         capacity,
         pruning,
         cancellations,
+        traces,
         ceilings.measured,
         &stack,
         effects,
@@ -246,7 +251,7 @@ async fn run_phases(
     databases: &Databases,
     ceilings: &mut Ceilings,
     run_id: u64,
-) -> anyhow::Result<(Vec<Step>, Capacity, Pruning, Cancellations)> {
+) -> anyhow::Result<(Vec<Step>, Capacity, Pruning, Cancellations, Traces)> {
     log("starting the services (release builds)");
     stack.start_all().await?;
     let generator = Arc::new(LoadGenerator::new(&format!(
@@ -285,7 +290,16 @@ async fn run_phases(
         run_id,
     )
     .await?;
-    Ok((steps, capacity, pruning, cancellations))
+    let traces = traces::traces(
+        stack,
+        &generator,
+        databases,
+        plan,
+        settings.pool_size,
+        run_id,
+    )
+    .await?;
+    Ok((steps, capacity, pruning, cancellations, traces))
 }
 
 /// Writes `result.json`, `table.md` and `chart.png` into the run's folder.

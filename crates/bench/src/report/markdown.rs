@@ -91,6 +91,7 @@ impl Report {
         md.push_str(&self.ceilings_table());
         md.push_str(&self.pruning_and_ceiling());
         md.push_str(&self.cancellations());
+        md.push_str(&self.traces());
         if self.machine.same_box {
             md.push_str(&self.cpu_per_order());
         }
@@ -313,6 +314,25 @@ impl Report {
             c.refund_path.rows,
             fmt(c.refund_path.per_second),
             fmt(self.capacity.charge.per_second),
+        )
+    }
+
+    /// What exporting every span cost end to end, each step's rate given.
+    fn traces(&self) -> String {
+        let t = &self.traces;
+        let rates = |steps: &[crate::report::Settled]| {
+            let each: Vec<String> = steps.iter().map(|step| fmt(step.per_second)).collect();
+            each.join(" and ")
+        };
+        format!(
+            "\nTraces: the same backlog settled at {} orders/s exporting no span ({}), {} orders/s with every service exporting its spans with OTLP to a receiver that drops them ({}; steps off, on, on, off): {}% of the rate, {} spans, {:.1} per order.\n",
+            fmt(t.off_per_second),
+            rates(&t.off),
+            fmt(t.on_per_second),
+            rates(&t.on),
+            fmt(100.0 * t.on_per_second / t.off_per_second),
+            t.spans,
+            t.spans_per_order,
         )
     }
 

@@ -10,7 +10,7 @@ use crate::pgbench;
 use crate::procs;
 use crate::report::{
     Cancellations, Capacity, Machine, ORDER_TRANSACTIONS, ProviderCall, Pruning, Ratio, Report,
-    ServiceSummary, Step,
+    ServiceSummary, Step, Traces,
 };
 
 use super::load::max_sustained;
@@ -36,6 +36,7 @@ pub(super) fn assemble(
     capacity: Capacity,
     pruning: Pruning,
     cancellations: Cancellations,
+    traces: Traces,
     ceilings: Vec<pgbench::Ceiling>,
     stack: &Stack,
     effects: measure::Effects,
@@ -68,6 +69,12 @@ pub(super) fn assemble(
     let ratios = [
         service_ratios(&capacity, &ceilings, &provider_call),
         cost_ratios(&capacity, &pruning, &ceilings, end_to_end),
+        vec![Ratio::new(
+            "end to end, every span exported vs none",
+            traces.on_per_second,
+            traces.off_per_second,
+            Some(0.95),
+        )],
     ]
     .concat();
 
@@ -91,6 +98,7 @@ pub(super) fn assemble(
         provider_call,
         pruning,
         cancellations,
+        traces,
         ceilings,
         ceiling_orders_per_second,
         end_to_end_target,

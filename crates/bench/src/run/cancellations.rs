@@ -197,7 +197,11 @@ impl Steps<'_> {
 
 /// Waits (up to `timeout`) until every order of `tag` has settled, then measures: orders
 /// per second from the first placed to the last settled.
-async fn settled(databases: &Databases, tag: &str, timeout: Duration) -> anyhow::Result<Settled> {
+pub(super) async fn settled(
+    databases: &Databases,
+    tag: &str,
+    timeout: Duration,
+) -> anyhow::Result<Settled> {
     let orders_db = databases.connect(Database::Orders).await?;
     let deadline = Instant::now() + timeout;
     loop {
