@@ -345,3 +345,60 @@ async fn in_batches_each_record_is_processed_in_its_own_orders_trace() {
         "the backlog was applied in batches (no process span says a batch of more than one)"
     );
 }
+
+/// With no endpoint set nothing is exported, and no trace context is carried either: the
+/// client's `traceparent` goes no further than the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_traces_off_no_record_carries_trace_context() {
+    let stack = Stack::start().await;
+    let (_, _, traceparent) = client_context();
+    let order_id = place_traced_order(&stack, &traceparent).await;
+    assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
+    stack.notified(order_id).await;
+    let topics = &stack.kafka.topics;
+    for topic in [&topics.orders, &topics.payments, &topics.notifications] {
+        let records = eventually(
+            SETTLE,
+            &format!("{topic} to hold the order's records"),
+            || async {
+                let records = stack.kafka.read_all(topic).await;
+                (!records.is_empty()).then_some(records)
+            },
+        )
+        .await;
+        for record in records {
+            for field in saga::trace::fields() {
+                assert_eq!(
+                    saga::kafka::header(&record, &field),
+                    None,
+                    "{field} on {topic}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_services_help_lists_the_opentelemetry_variables() {
+    for service in [
+        ORDER_SERVICE,
+        PAYMENT_SERVICE,
+        NOTIFICATION_SERVICE,
+        PAYMENT_PROVIDER,
+    ] {
+        let help = std::process::Command::new(saga_e2e::binary(service))
+            .arg("--help")
+            .output()
+            .expect("the service's binary runs");
+        let help = String::from_utf8_lossy(&help.stdout);
+        for variable in [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_SERVICE_NAME",
+            "OTEL_TRACES_SAMPLER",
+            "OTEL_SDK_DISABLED",
+        ] {
+            assert!(help.contains(variable), "{service} --help names {variable}");
+        }
+    }
+}
