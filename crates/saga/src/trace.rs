@@ -243,6 +243,7 @@ pub fn process_span<M: rdkafka::Message>(message: &M, group: &str) -> Span {
         .headers()
         .and_then(|headers| RecordHeaders(headers).get("event_id").map(str::to_owned))
         .unwrap_or_default();
+    // A hand-made record may have no `event_id` header: then no message id.
     messaging(&span, message.topic(), "process", &key, &id);
     attribute(&span, "messaging.consumer.group.name", group.to_owned());
     sent(&span, message.partition(), message.offset());
@@ -261,5 +262,7 @@ fn messaging(span: &Span, topic: &str, operation: &'static str, key: &str, event
     attribute(span, "messaging.operation.type", operation);
     attribute(span, "messaging.operation.name", operation);
     attribute(span, "messaging.kafka.message.key", key.to_owned());
-    attribute(span, "messaging.message.id", event_id.to_owned());
+    if !event_id.is_empty() {
+        attribute(span, "messaging.message.id", event_id.to_owned());
+    }
 }
