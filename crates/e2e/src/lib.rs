@@ -223,6 +223,11 @@ impl Stack {
     }
 
     /// The provider's base URL.
+    /// Where `instance` (a service's first instance is named after it) serves HTTP.
+    pub fn url_of(&self, instance: &str) -> String {
+        format!("http://127.0.0.1:{}", self.ports[instance])
+    }
+
     pub fn provider_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.ports[PAYMENT_PROVIDER])
     }

@@ -182,6 +182,9 @@ impl Application {
                 .merge(refunds::router(state.clone()))
                 .merge(admin(state))
                 .merge(saga::http::health(self.pool.clone()))
+                .merge(saga::probes::router(saga::probes::Readiness::database(
+                    self.pool.clone(),
+                )))
                 .merge(saga::metrics::router(None)),
             &self.config.http,
         )

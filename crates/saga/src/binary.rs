@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Runs a service's binary with its `build` and `run_until_stopped`. The settings are
 /// read before logging starts, so `--help` and a bad flag print nothing else; `--help`
-/// ends with the OpenTelemetry variables every service reads.
+/// ends with the shutdown and OpenTelemetry variables every service reads.
 pub async fn run<C, A, Built, Stopped>(
     build: impl FnOnce(C) -> Built,
     run_until_stopped: impl FnOnce(A, CancellationToken) -> Stopped,
@@ -18,11 +18,18 @@ where
     Built: Future<Output = anyhow::Result<A>>,
     Stopped: Future<Output = anyhow::Result<()>>,
 {
-    let command = C::command().after_help(crate::telemetry::OTEL_HELP);
+    let help = format!(
+        "{}\n\n{}",
+        crate::shutdown::HELP,
+        crate::telemetry::OTEL_HELP
+    );
+    let command = C::command().after_help(help);
     let service = command.get_name().to_owned();
     let config = C::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit());
+    let delay = crate::shutdown::delay_from_env()?;
     let telemetry = crate::telemetry::init_service(&service)?;
-    let ran = async { run_until_stopped(build(config).await?, crate::shutdown::on_signal()).await };
+    let shutdown = crate::shutdown::on_signal(delay);
+    let ran = async { run_until_stopped(build(config).await?, shutdown).await };
     let ran = ran.await;
     telemetry.shutdown();
     ran

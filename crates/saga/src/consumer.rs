@@ -80,6 +80,8 @@ pub struct ConsumerSettings {
     /// Most records of one partition applied in one transaction; 1 is a transaction per
     /// record.
     pub batch_size: usize,
+    /// Set once the consumer is first assigned partitions ([`crate::probes`]).
+    pub joined: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ConsumerSettings {
@@ -91,6 +93,7 @@ impl ConsumerSettings {
             dead_letter_topic,
             max_attempts: 5,
             batch_size: 1,
+            joined: Arc::default(),
         }
     }
 }

@@ -28,6 +28,9 @@
 //!   `FAILPOINTS` arms them.
 //! - [`redrive`]: sends dead letters back to their topics once the cause is fixed (the
 //!   `redrive-dlq` binary).
+//! - [`trace`]: one order's trace across every service, W3C trace context carried through
+//!   the outbox, Kafka headers and HTTP calls; exported by [`telemetry`].
+//! - [`probes`]: `/livez` and `/readyz` for an orchestrator.
 //! - [`db`], [`kafka`], [`config`], [`telemetry`], [`shutdown`], [`http`], [`service`],
 //!   [`binary`]: plumbing shared by the three services.
 //!
@@ -51,6 +54,7 @@ pub mod kafka;
 pub mod local_relay;
 pub mod metrics;
 pub mod outbox;
+pub mod probes;
 pub mod redrive;
 pub mod retention;
 pub mod retry;

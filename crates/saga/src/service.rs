@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{DatabaseConfig, HttpLimits, KafkaConfig, RetentionConfig};
 use crate::consumer::{self, ConsumerSettings};
 use crate::db;
+use crate::probes::Readiness;
 use crate::retention::{self, Target, Window};
 use crate::{Applier, Handler, LocalRelay, OutboxRelay, Topics, backoff};
 
@@ -156,9 +157,13 @@ impl Service {
         tracing::info!(service = self.name, addr = %self.local_addr(), "service started");
 
         let tasks = Tasks::new(shutdown.clone());
+        let readiness = Readiness::database(self.pool.clone())
+            .broker(relay.producer().clone())
+            .consumer(settings.joined.clone());
         let router = crate::http::edge(
             router
                 .merge(crate::http::health(self.pool.clone()))
+                .merge(crate::probes::router(readiness))
                 .merge(crate::metrics::router(Some(self.pool.clone()))),
             &self.http_limits,
         )

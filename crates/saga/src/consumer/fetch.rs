@@ -48,9 +48,12 @@ const FETCH_WAIT_MS: &str = "100";
 /// blocking-pool thread waits for it.
 const WAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Logs rebalances and failed commits, which librdkafka otherwise reports to no one, and
-/// turns its statistics into the consumer-lag gauges.
-pub(super) struct SagaConsumerContext;
+/// Logs rebalances and failed commits, which librdkafka otherwise reports to no one,
+/// turns its statistics into the consumer-lag gauges, and says when the consumer first
+/// joined its group (for the readiness probe, [`crate::probes`]).
+pub(super) struct SagaConsumerContext {
+    joined: Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl ClientContext for SagaConsumerContext {
     fn stats(&self, statistics: Statistics) {
@@ -72,6 +75,12 @@ impl ClientContext for SagaConsumerContext {
 }
 
 impl ConsumerContext for SagaConsumerContext {
+    fn post_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(_) = rebalance {
+            crate::probes::joined(&self.joined);
+        }
+    }
+
     fn pre_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
@@ -152,7 +161,9 @@ pub(super) fn connect(settings: &ConsumerSettings) -> KafkaResult<Arc<SagaConsum
             .set("fetch.wait.max.ms", FETCH_WAIT_MS)
             // For the consumer-lag gauges; a few microseconds' work each time.
             .set("statistics.interval.ms", "5000")
-            .create_with_context(SagaConsumerContext)?,
+            .create_with_context(SagaConsumerContext {
+                joined: settings.joined.clone(),
+            })?,
     ))
 }
 

@@ -104,7 +104,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let listener = tokio::net::TcpListener::bind(addr).await?;
             eprintln!("sagactl: serving http://{addr}");
             axum::serve(listener, sagactl::web::router(web))
-                .with_graceful_shutdown(saga::shutdown::on_signal().cancelled_owned())
+                .with_graceful_shutdown(
+                    saga::shutdown::on_signal(std::time::Duration::ZERO).cancelled_owned(),
+                )
                 .await?;
         }
         Command::DeadLetters => {
