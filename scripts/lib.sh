@@ -114,7 +114,9 @@ KAFKA_TOPICS=(
   payments.order-service.dlq
   orders.notification-service.dlq
 )
-KAFKA_TOPIC_PARTITIONS=3
+# Partitions per topic: a consumer group runs at most this many copies of a
+# service in parallel (each partition is read by one member). The tests read it too.
+export KAFKA_TOPIC_PARTITIONS="${KAFKA_TOPIC_PARTITIONS:-3}"
 
 # wait_until TIMEOUT_SECONDS DESCRIPTION COMMAND...
 # Polls COMMAND every 0.5 s until it succeeds; fails naming DESCRIPTION once

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use saga_testkit::provider::ProviderAdmin;
-use saga_testkit::{TestDatabase, TestKafka, eventually};
+use saga_testkit::{TestDatabase, TestKafka, eventually, topic_partitions};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
@@ -120,10 +120,11 @@ impl Stack {
     /// Starts the provider and the three services, with `failpoints` (service,
     /// `FAILPOINTS` value) armed in some, and waits until each reports healthy.
     pub async fn start_with(failpoints: &[(&'static str, String)]) -> Self {
-        Self::start_configured(failpoints, &[], 3).await
+        Self::start_configured(failpoints, &[], topic_partitions()).await
     }
 
-    /// [`Stack::start_with`] on topics of `partitions` partitions each (three otherwise).
+    /// [`Stack::start_with`] on topics of `partitions` partitions each (otherwise
+    /// `KAFKA_TOPIC_PARTITIONS`, or three).
     pub async fn start_with_partitions(
         failpoints: &[(&'static str, String)],
         partitions: i32,
@@ -133,7 +134,7 @@ impl Stack {
 
     /// [`Stack::start`] with `env` set for every service (each reads what it knows).
     pub async fn start_with_env(env: &[(&str, &str)]) -> Self {
-        Self::start_configured(&[], env, 3).await
+        Self::start_configured(&[], env, topic_partitions()).await
     }
 
     /// Starts all three services with their inboxes pruned to a window of seconds
@@ -143,7 +144,7 @@ impl Stack {
     /// whenever it falls within the scenario. A service started again on this stack
     /// finds that and stops pruning.
     pub async fn start_pruning() -> Self {
-        let stack = Self::start_configured(&[], &PRUNING_INBOX, 3).await;
+        let stack = Self::start_configured(&[], &PRUNING_INBOX, topic_partitions()).await;
         stack.kafka.set_topic_config("retention.ms", "-1").await;
         stack
     }

@@ -37,6 +37,14 @@ pub fn postgres_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://saga:saga@127.0.0.1:5432/postgres".into())
 }
 
+/// Partitions per topic: `KAFKA_TOPIC_PARTITIONS`, the scripts' setting, or 3.
+pub fn topic_partitions() -> i32 {
+    std::env::var("KAFKA_TOPIC_PARTITIONS")
+        .ok()
+        .and_then(|partitions| partitions.parse().ok())
+        .unwrap_or(3)
+}
+
 pub fn kafka_brokers() -> String {
     std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
@@ -237,9 +245,10 @@ pub struct TestKafka {
 
 impl TestKafka {
     /// Creates every saga topic, dead-letter topics included, under a fresh namespace,
-    /// with three partitions each, as `scripts/infra-up` makes the saga's own.
+    /// with [`topic_partitions`] partitions each, as `scripts/infra-up` makes the saga's
+    /// own.
     pub async fn new() -> Self {
-        Self::with_partitions(3).await
+        Self::with_partitions(topic_partitions()).await
     }
 
     /// [`TestKafka::new`] with `partitions` partitions per topic.
