@@ -396,3 +396,30 @@ delete_test_topics() {
     "$ROOT/scripts/kafka-topics" --bootstrap-server "$KAFKA_BOOTSTRAP" --delete --topic 't[0-9a-f]{12}\..*'
   fi
 }
+
+# Helm, for scripts/check-chart: built from its Go module (the Go module proxy is the
+# registry this machine and CI reach; no release binary is downloaded) into .cache,
+# once per version. The module cache and build cache are Go's own, under $HOME.
+HELM_VERSION=v4.3.2
+HELM_DIR="$CACHE_DIR/helm-$HELM_VERSION"
+HELM="$HELM_DIR/bin/helm"
+ensure_helm() {
+  local marker="$HELM_DIR/.installed"
+  marker_holds "$marker" "$HELM_VERSION" && return 0
+  # Go's own installer puts it here; a login shell's PATH may not say so.
+  [[ -x /usr/local/go/bin/go ]] && PATH="$PATH:/usr/local/go/bin"
+  require_command go "install Go 1.26 or newer: Helm $HELM_VERSION needs it (Debian 12's golang is older)"
+  log "building helm $HELM_VERSION from the Go module proxy into $HELM_DIR (a few minutes, once)"
+  rm -rf "$HELM_DIR"
+  mkdir -p "$HELM_DIR/bin"
+  GOBIN="$HELM_DIR/bin" GOFLAGS=-buildvcs=false go install "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2
+  printf '%s\n' "$HELM_VERSION" >"$marker"
+}
+
+# kubernetes-validate, for scripts/check-chart: the Kubernetes API's JSON schemas,
+# bundled for each release from 1.25 to 1.37, checked offline.
+KUBERNETES_VALIDATE_VERSION=1.37.0
+KUBERNETES_VALIDATE_VENV="$CACHE_DIR/kubernetes-validate"
+ensure_kubernetes_validate() {
+  ensure_pypi_tool kubernetes-validate "$KUBERNETES_VALIDATE_VERSION" "$KUBERNETES_VALIDATE_VENV"
+}

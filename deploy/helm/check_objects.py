@@ -1,0 +1,180 @@
+"""What scripts/check-chart holds the chart and the examples to, beyond the Kubernetes
+schemas: the properties the chart promises, and the operators' resources, which have no
+schema here, by kind, apiVersion and the figures the services depend on.
+
+    check_objects.py rendered FILE...      every object a `helm template` rendered
+    check_objects.py examples DIR TOPICS PARTITIONS DATABASES
+
+TOPICS and DATABASES are comma-separated, from scripts/lib.sh. Prints one line per
+failure and exits 1 if there is any.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+# The operators' kinds the examples may hold: no schema of theirs is bundled here, so
+# only the kind and apiVersion are checked against this list, and the figures below.
+OPERATOR_KINDS = {
+    ("kafka.strimzi.io/v1", "KafkaTopic"),
+    ("kafka.strimzi.io/v1", "KafkaUser"),
+    ("postgresql.cnpg.io/v1", "Cluster"),
+}
+# The longest topic retention every consumer accepts with its default INBOX_RETENTION.
+DEFAULT_INBOX_RETENTION_MS = 14 * 86_400_000
+# A request's longest time when HTTP_REQUEST_TIMEOUT is not set.
+DEFAULT_REQUEST_TIMEOUT_S = 30
+
+failures = []
+
+
+def fail(where, message):
+    failures.append(f"{where}: {message}")
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc]
+
+
+def seconds(duration):
+    """`30s`, `2m`, `1500ms` (what HTTP_REQUEST_TIMEOUT takes) in seconds."""
+    match = re.fullmatch(r"(\d+)(ms|s|m)", duration)
+    if not match:
+        return None
+    value, unit = int(match[1]), match[2]
+    return {"ms": value / 1000, "s": value, "m": value * 60}[unit]
+
+
+def check_container(where, container, grace):
+    security = container.get("securityContext", {})
+    if security.get("readOnlyRootFilesystem") is not True:
+        fail(where, "root filesystem not read-only")
+    if security.get("allowPrivilegeEscalation") is not False:
+        fail(where, "privilege escalation not refused")
+    if security.get("capabilities", {}).get("drop") != ["ALL"]:
+        fail(where, "capabilities not all dropped")
+    probes = {
+        "livenessProbe": "/livez",
+        "readinessProbe": "/readyz",
+        "startupProbe": "/livez",
+    }
+    for probe, path in probes.items():
+        got = container.get(probe, {}).get("httpGet", {}).get("path")
+        if got != path:
+            fail(where, f"{probe} on {got}, not {path}")
+    resources = container.get("resources", {})
+    if "memory" not in resources.get("requests", {}) or "memory" not in resources.get("limits", {}):
+        fail(where, "memory request or limit missing")
+    env = {e["name"]: e for e in container.get("env", [])}
+    if "secretKeyRef" not in env.get("DATABASE_URL", {}).get("valueFrom", {}):
+        fail(where, "DATABASE_URL not read from a Secret")
+    timeout = env.get("HTTP_REQUEST_TIMEOUT", {}).get("value")
+    limit = seconds(timeout) if timeout else DEFAULT_REQUEST_TIMEOUT_S
+    if limit is None or grace <= limit:
+        fail(where, f"terminationGracePeriodSeconds {grace} is not past a request's {timeout or '30s'}")
+
+
+def check_rendered(paths):
+    for path in paths:
+        objects = load(path)
+        path = Path(path).stem
+        failed_before = len(failures)
+        deployments = [o for o in objects if o["kind"] == "Deployment"]
+        if not deployments:
+            fail(path, "no Deployment rendered")
+        pod_labels = []
+        for deployment in deployments:
+            where = f"{path}: Deployment {deployment['metadata']['name']}"
+            pod = deployment["spec"]["template"]["spec"]
+            if pod.get("securityContext", {}).get("runAsNonRoot") is not True:
+                fail(where, "may run as root")
+            for container in pod["containers"]:
+                check_container(where, container, pod.get("terminationGracePeriodSeconds", 30))
+            pod_labels.append(deployment["spec"]["template"]["metadata"]["labels"])
+        for service in (o for o in objects if o["kind"] == "Service"):
+            selector = service["spec"]["selector"].items()
+            if not any(selector <= labels.items() for labels in pod_labels):
+                fail(f"{path}: Service {service['metadata']['name']}", "selects no pod")
+        if len(failures) == failed_before:
+            print(f"{path} values: {len(objects)} objects, {len(deployments)} Deployments: "
+                  "the chart's properties hold")
+
+
+def check_examples(directory, topics, partitions, databases):
+    kinds = {}
+    for path in sorted(Path(directory).glob("*.yaml")):
+        if path.name == "values.yaml":
+            continue
+        for obj in load(path):
+            key = (obj.get("apiVersion"), obj.get("kind"))
+            name = obj.get("metadata", {}).get("name")
+            if key not in OPERATOR_KINDS:
+                fail(f"{path}: {name}", f"{key[1]} {key[0]} is none of the kinds listed")
+                continue
+            kinds.setdefault(key[1], []).append(obj)
+    check_topics(kinds.get("KafkaTopic", []), topics, partitions)
+    check_users(kinds.get("KafkaUser", []), topics)
+    check_clusters(kinds.get("Cluster", []), databases)
+    counts = ", ".join(f"{len(v)} {k}" for k, v in sorted(kinds.items()))
+    if failures:
+        return
+    print(f"{directory}: {counts}: kind and apiVersion checked against the script's list, "
+          "and the figures the services depend on; NOT validated against the operators' "
+          "schemas (none is available offline)")
+
+
+def check_topics(found, topics, partitions):
+    names = sorted(t["metadata"]["name"] for t in found)
+    if names != sorted(topics):
+        fail("KafkaTopic", f"topics {names}, not scripts/lib.sh's {sorted(topics)}")
+    for topic in found:
+        where = f"KafkaTopic {topic['metadata']['name']}"
+        spec = topic["spec"]
+        config = spec.get("config", {})
+        if spec.get("partitions") != partitions:
+            fail(where, f"{spec.get('partitions')} partitions, not {partitions}")
+        if spec.get("replicas") != 3 or config.get("min.insync.replicas") != 2:
+            fail(where, "not 3 replicas with min.insync.replicas 2")
+        retention = config.get("retention.ms")
+        if not isinstance(retention, int) or not 0 < retention <= DEFAULT_INBOX_RETENTION_MS:
+            fail(where, f"retention.ms {retention} is past the default INBOX_RETENTION (14 days)")
+
+
+def check_users(found, topics):
+    for user in found:
+        service = user["metadata"]["name"]
+        acls = user["spec"]["authorization"]["acls"]
+        named = {acl["resource"].get("name") for acl in acls}
+        if service not in named:
+            fail(f"KafkaUser {service}", "no ACL for its consumer group")
+        dead_letters = [t for t in topics if t.endswith(f".{service}.dlq")]
+        if len(dead_letters) != 1 or dead_letters[0] not in named:
+            fail(f"KafkaUser {service}", f"no ACL for its dead-letter topic {dead_letters}")
+        if not any(acl["resource"]["type"] == "cluster" and "IdempotentWrite" in acl["operations"]
+                   for acl in acls):
+            fail(f"KafkaUser {service}", "no IdempotentWrite on the cluster")
+
+
+def check_clusters(found, databases):
+    names = sorted(c["spec"]["bootstrap"]["initdb"]["database"] for c in found)
+    if names != sorted(databases):
+        fail("Cluster", f"databases {names}, not scripts/lib.sh's {sorted(databases)}")
+
+
+def main(argv):
+    if argv[:1] == ["rendered"]:
+        check_rendered(argv[1:])
+    elif argv[:1] == ["examples"] and len(argv) == 5:
+        check_examples(argv[1], argv[2].split(","), int(argv[3]), argv[4].split(","))
+    else:
+        sys.exit(__doc__)
+    for failure in failures:
+        print(f"FAIL {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
