@@ -2,7 +2,8 @@
 schemas: the properties the chart promises, and the operators' resources, which have no
 schema here, by kind, apiVersion and the figures the services depend on.
 
-    check_objects.py rendered FILE...      every object a `helm template` rendered
+    check_objects.py rendered DEFAULT OTHER...   what `helm template` rendered, first with
+                                                 the default values
     check_objects.py examples DIR TOPICS PARTITIONS DATABASES
 
 TOPICS and DATABASES are comma-separated, from scripts/lib.sh. Prints one line per
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # The operators' kinds the examples may hold: no schema of theirs is bundled here, so
 # only the kind and apiVersion are checked against this list, and the figures below.
@@ -48,7 +51,21 @@ def seconds(duration):
     return {"ms": value / 1000, "s": value, "m": value * 60}[unit]
 
 
-def check_container(where, container, grace):
+def variables_read_by(binary):
+    """The variables `binary` may read, from the source: every clap `env = "NAME"` of the
+    saga library and of the binary's crate, and what the logging setup reads itself.
+    A union over the library's settings, so it catches a misspelt name, not a setting
+    given to a binary whose settings lack it."""
+    names = {"RUST_LOG"}
+    for crate in ("saga", binary):
+        for source in (ROOT / "crates" / crate / "src").rglob("*.rs"):
+            text = source.read_text(encoding="utf-8")
+            names.update(re.findall(r'env = "([A-Z][A-Z0-9_]*)"', text))
+            names.update(re.findall(r'env::var\("([A-Z][A-Z0-9_]*)"\)', text))
+    return names
+
+
+def check_container(where, container, grace, own_settings_only):
     security = container.get("securityContext", {})
     if security.get("readOnlyRootFilesystem") is not True:
         fail(where, "root filesystem not read-only")
@@ -69,6 +86,12 @@ def check_container(where, container, grace):
     if "memory" not in resources.get("requests", {}) or "memory" not in resources.get("limits", {}):
         fail(where, "memory request or limit missing")
     env = {e["name"]: e for e in container.get("env", [])}
+    # With the default values, no extraEnv: every variable is one the chart names.
+    if own_settings_only:
+        binary = container["command"][0].rsplit("/", 1)[-1]
+        unread = sorted(set(env) - variables_read_by(binary))
+        if unread:
+            fail(where, f"sets {unread}, which {binary} does not read")
     if "secretKeyRef" not in env.get("DATABASE_URL", {}).get("valueFrom", {}):
         fail(where, "DATABASE_URL not read from a Secret")
     timeout = env.get("HTTP_REQUEST_TIMEOUT", {}).get("value")
@@ -78,7 +101,7 @@ def check_container(where, container, grace):
 
 
 def check_rendered(paths):
-    for path in paths:
+    for index, path in enumerate(paths):
         objects = load(path)
         path = Path(path).stem
         failed_before = len(failures)
@@ -92,7 +115,8 @@ def check_rendered(paths):
             if pod.get("securityContext", {}).get("runAsNonRoot") is not True:
                 fail(where, "may run as root")
             for container in pod["containers"]:
-                check_container(where, container, pod.get("terminationGracePeriodSeconds", 30))
+                grace = pod.get("terminationGracePeriodSeconds", 30)
+                check_container(where, container, grace, own_settings_only=index == 0)
             pod_labels.append(deployment["spec"]["template"]["metadata"]["labels"])
         for service in (o for o in objects if o["kind"] == "Service"):
             selector = service["spec"]["selector"].items()
