@@ -43,7 +43,7 @@ def load(path):
 
 
 def seconds(duration):
-    """`30s`, `2m`, `1500ms` (what HTTP_REQUEST_TIMEOUT takes) in seconds."""
+    """`30s`, `2m`, `1500ms` (what HTTP_REQUEST_TIMEOUT and SHUTDOWN_DELAY take) in seconds."""
     match = re.fullmatch(r"(\d+)(ms|s|m)", duration)
     if not match:
         return None
@@ -94,10 +94,12 @@ def check_container(where, container, grace, own_settings_only):
             fail(where, f"sets {unread}, which {binary} does not read")
     if "secretKeyRef" not in env.get("DATABASE_URL", {}).get("valueFrom", {}):
         fail(where, "DATABASE_URL not read from a Secret")
-    timeout = env.get("HTTP_REQUEST_TIMEOUT", {}).get("value")
-    limit = seconds(timeout) if timeout else DEFAULT_REQUEST_TIMEOUT_S
-    if limit is None or grace <= limit:
-        fail(where, f"terminationGracePeriodSeconds {grace} is not past a request's {timeout or '30s'}")
+    timeout = env.get("HTTP_REQUEST_TIMEOUT", {}).get("value", f"{DEFAULT_REQUEST_TIMEOUT_S}s")
+    delay = env.get("SHUTDOWN_DELAY", {}).get("value", "0s")
+    stop = [seconds(timeout), seconds(delay)]
+    if None in stop or grace <= sum(stop):
+        fail(where, f"terminationGracePeriodSeconds {grace} is not past SHUTDOWN_DELAY "
+                    f"{delay} and a request's {timeout}")
 
 
 def check_rendered(paths):
