@@ -4,7 +4,11 @@
 //! Guarantees:
 //! - **Byte for byte.** Each dead letter is produced to its `dlq.original.topic` with its
 //!   original key and value, so it lands on the partition of its key like the original
-//!   did; a `dlq.redriven.from` header says where it came from.
+//!   did, and with the original's headers (its causation id, its trace context): the dead
+//!   letter's headers but the `dlq.*` ones, in order, then a `dlq.redriven.from` header
+//!   that says where it came from: the record again, not its dead letter. A record
+//!   redriven before carries only this redrive's `dlq.redriven.from`, since its dead
+//!   letter kept no `dlq.*` header of the record's (`consumer::dead_letters` says why).
 //! - **Committed only after the broker acknowledged.** The redrive reads with a consumer
 //!   group of its own (by default `<dead-letter topic>.redrive`) and commits a dead
 //!   letter's offset only once its copy is acknowledged. A redrive that dies half way
@@ -20,11 +24,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
-use rdkafka::message::{Header, Message as _, OwnedHeaders};
+use rdkafka::message::{Header, Headers, Message as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::kafka::header;
+
+/// What every header a trip through a dead-letter topic writes begins with.
+const DEAD_LETTER_HEADERS: &str = "dlq.";
 
 /// Dead letters sent per round trip: produced together, acknowledged, then committed.
 const BATCH: usize = 100;
@@ -71,6 +78,22 @@ pub async fn redrive(
     .await?
 }
 
+/// A record's own headers, without those of a trip through a dead-letter topic: every
+/// header but the `dlq.*` ones, in order, each value byte for byte (a header without a
+/// value stays without one).
+pub(crate) fn own_headers<H: Headers>(headers: Option<&H>) -> OwnedHeaders {
+    let mut own = OwnedHeaders::new();
+    for header in headers.into_iter().flat_map(Headers::iter) {
+        if !header.key.starts_with(DEAD_LETTER_HEADERS) {
+            own = own.insert(Header {
+                key: header.key,
+                value: header.value,
+            });
+        }
+    }
+    own
+}
+
 /// A dead letter read, not yet sent back.
 struct DeadLetter {
     partition: i32,
@@ -78,6 +101,8 @@ struct DeadLetter {
     original_topic: String,
     key: Option<Vec<u8>>,
     value: Option<Vec<u8>>,
+    /// The original record's headers ([`own_headers`]).
+    headers: OwnedHeaders,
 }
 
 fn redrive_blocking(
@@ -130,6 +155,7 @@ fn redrive_blocking(
                 original_topic,
                 key: message.key().map(<[u8]>::to_vec),
                 value: message.payload().map(<[u8]>::to_vec),
+                headers: own_headers(message.headers()),
             });
         }
         if batch.is_empty() {
@@ -202,7 +228,7 @@ async fn send_back(
     let mut deliveries = Vec::with_capacity(batch.len());
     for letter in batch {
         let from = format!("{dead_letter_topic}/{}/{}", letter.partition, letter.offset);
-        let headers = OwnedHeaders::new().insert(Header {
+        let headers = letter.headers.clone().insert(Header {
             key: "dlq.redriven.from",
             value: Some(from.as_str()),
         });

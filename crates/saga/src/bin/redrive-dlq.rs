@@ -5,7 +5,8 @@ use clap::Parser;
 
 /// Sends the records of a dead-letter topic back to the topics they came from.
 ///
-/// Each goes back to its `dlq.original.topic`, with its original key and bytes. Safe to
+/// Each goes back to its `dlq.original.topic`, with its original key, bytes and headers
+/// (the dead letter's but the `dlq.*` ones) and a `dlq.redriven.from` header. Safe to
 /// run again: it commits each record once the broker acknowledged its copy, and a record
 /// sent back twice is stopped by the consumer's inbox.
 #[derive(Debug, Parser)]

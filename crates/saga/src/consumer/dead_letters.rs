@@ -1,11 +1,12 @@
-//! Dead letters: a record that can never be applied goes, untouched, to the group's
-//! dead-letter topic with why in its headers, and its partition moves on.
+//! Dead letters: a record that can never be applied goes to the group's dead-letter
+//! topic, its key, value and own headers as they were, with why in `dlq.*` headers, and
+//! its partition moves on.
 
 use super::LOG_TARGET;
 use std::time::Duration;
 
 use ::metrics::counter;
-use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Message, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -14,6 +15,7 @@ use super::dispatch::{Done, PartitionWorker};
 use crate::backoff;
 use crate::handler::Handler;
 use crate::metrics;
+use crate::redrive::own_headers;
 use crate::retry::Retry;
 
 /// Why a record is dead-lettered: the reason goes into its headers, the cause (one of a
@@ -62,9 +64,17 @@ impl Failure {
 }
 
 impl<H: Handler> PartitionWorker<H> {
-    /// Produces the original record, untouched, to the dead-letter topic with why it is
-    /// there, and waits for the broker's acknowledgement: only then may the partition
-    /// move past it. `event_type` is `None` for a record that is no event at all.
+    /// Produces the original record to the dead-letter topic with why it is there, and
+    /// waits for the broker's acknowledgement: only then may the partition move past it.
+    /// `event_type` is `None` for a record that is no event at all.
+    ///
+    /// The dead letter has the record's key and value, and first every header of the
+    /// record, in order and byte for byte (its causation id, its trace context, whatever
+    /// its producer put there), then this failure's `dlq.*` headers. A `dlq.*` header the
+    /// record brought is left out, so that each is there once and about this failure: it
+    /// told of an earlier trip (a record redriven, then dead-lettered again) whose dead
+    /// letter is still in its topic, and a reader taking the first header of a name would
+    /// read it instead of this one's.
     pub(super) async fn dead_letter(
         &self,
         message: &OwnedMessage,
@@ -79,7 +89,7 @@ impl<H: Handler> PartitionWorker<H> {
         let last = failure.last.format(&Rfc3339).unwrap_or_default();
         let mut delays = backoff::backoff();
         loop {
-            let mut headers = OwnedHeaders::new();
+            let mut headers = own_headers(message.headers());
             for (key, value) in [
                 ("dlq.reason", reason),
                 ("dlq.original.topic", message.topic()),

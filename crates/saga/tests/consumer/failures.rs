@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use rdkafka::message::Message;
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
 use saga::consumer;
 use saga::{Applier, HandlerError, Outcome};
 use saga_testkit::{TestDatabase, TestKafka, eventually, header};
@@ -128,6 +129,139 @@ async fn a_rejected_event_is_dead_lettered_at_once_and_the_partition_moves_on() 
     assert_eq!(header(record, "dlq.original.offset").as_deref(), Some("0"));
     assert_eq!(header(record, "dlq.attempts").as_deref(), Some("1"));
     run.stop().await;
+}
+
+/// A header as a test compares it: its name, and its value byte for byte (or none).
+type RawHeader = (String, Option<Vec<u8>>);
+
+fn raw(name: &str, value: Option<&[u8]>) -> RawHeader {
+    (name.to_owned(), value.map(<[u8]>::to_vec))
+}
+
+const DEAD_LETTER_HEADERS: [&str; 8] = [
+    "dlq.reason",
+    "dlq.original.topic",
+    "dlq.original.partition",
+    "dlq.original.offset",
+    "dlq.group",
+    "dlq.attempts",
+    "dlq.first.failure",
+    "dlq.last.failure",
+];
+
+/// Runs a consumer that rejects the record `poison`, produces it with `headers` on
+/// partition 0, and returns the headers of its dead letter, in order.
+async fn dead_letter_headers(headers: &[RawHeader]) -> Vec<RawHeader> {
+    let handler = Recorder::new(|event, _| {
+        Box::pin(async move {
+            if event.id == "poison" {
+                return Err(HandlerError::rejected("order 42 does not exist"));
+            }
+            Ok(Outcome::Applied)
+        })
+    });
+    let run = start(TestKafka::new().await, handler).await;
+    let topics = &run.kafka.topics;
+    let mut owned = OwnedHeaders::new();
+    for (key, value) in headers {
+        owned = owned.insert(Header {
+            key,
+            value: value.as_deref(),
+        });
+    }
+    let value = event("poison");
+    let record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topics.orders)
+        .partition(0)
+        .payload(value.as_slice())
+        .headers(owned);
+    dead_letters(&run.kafka)
+        .send(record, WAIT)
+        .await
+        .map_err(|(e, _)| e)
+        .expect("the broker acknowledges");
+    run.caught_up().await;
+
+    let dead = run
+        .kafka
+        .read_all(&topics.dead_letter(&topics.orders, SERVICE))
+        .await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].payload(),
+        Some(value.as_slice()),
+        "the original bytes"
+    );
+    let got = dead[0]
+        .headers()
+        .into_iter()
+        .flat_map(Headers::iter)
+        .map(|h| raw(h.key, h.value))
+        .collect();
+    run.stop().await;
+    got
+}
+
+#[tokio::test]
+async fn a_dead_letter_keeps_every_header_of_its_record_byte_for_byte_before_the_dlq_ones() {
+    let own = vec![
+        raw("event_id", Some(b"o-1:outcome")),
+        raw("causation_id", Some(b"o-1:payment")),
+        raw(
+            "traceparent",
+            Some(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        ),
+        raw(
+            "tracestate",
+            Some(b"congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"),
+        ),
+        // Not text, and a header without a value: kept as they are all the same.
+        raw("x-anything", Some(&[0xff, 0x00, 0xfe, b'a'])),
+        raw("x-no-value", None),
+    ];
+
+    let dead = dead_letter_headers(&own).await;
+
+    assert_eq!(dead[..own.len()], own[..], "the record's own headers first");
+    let after: Vec<&str> = dead[own.len()..].iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(after, DEAD_LETTER_HEADERS, "then why it is here");
+}
+
+/// A record redriven and dead-lettered again: its dead letter tells of this failure
+/// alone, once per header, and keeps every header of the record that is not a `dlq.` one.
+#[tokio::test]
+async fn a_record_dead_lettered_again_keeps_its_own_headers_and_only_this_failures_dlq_ones() {
+    let own = [
+        raw("causation_id", Some(b"o-1:payment")),
+        raw(
+            "traceparent",
+            Some(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        ),
+    ];
+    let earlier_trip = vec![
+        raw("dlq.reason", Some(b"an earlier failure")),
+        raw("dlq.original.offset", Some(b"418")),
+        raw("dlq.redriven.from", Some(b"orders.payment-service.dlq/2/3")),
+    ];
+    let sent = [own[..1].to_vec(), earlier_trip, own[1..].to_vec()].concat();
+
+    let dead = dead_letter_headers(&sent).await;
+
+    assert_eq!(
+        dead[..own.len()],
+        own[..],
+        "the record's own headers, in order"
+    );
+    let after: Vec<&str> = dead[own.len()..].iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        after, DEAD_LETTER_HEADERS,
+        "each dlq. header once, none of the earlier trip"
+    );
+    let value = |name: &str| dead.iter().find(|(k, _)| k == name).unwrap().1.clone();
+    assert_eq!(
+        value("dlq.reason").as_deref(),
+        Some(&b"order 42 does not exist"[..])
+    );
+    assert_eq!(value("dlq.original.offset").as_deref(), Some(&b"0"[..]));
 }
 
 #[tokio::test]
