@@ -1,8 +1,9 @@
 //! docs/asyncapi.yaml held to the code, so the contract a reader trusts cannot drift from
 //! what the services send: its channels are exactly `Topics`, each topic's messages
 //! exactly the catalog's types, each payload schema exactly the fields the payload struct
-//! sends (and requires exactly those it always sends), its headers those the outbox and
-//! the dead-letter code write, and every example decodes with the services' decoders.
+//! sends (and requires exactly those it always sends), its headers those the outbox, its
+//! trace context propagator and the dead-letter code write, and every example decodes
+//! with the services' decoders.
 //! scripts/check-docs checks that it is valid AsyncAPI; this checks that it is true.
 //! Each check returns what differs, so a failure names the field, type or topic.
 
@@ -105,9 +106,19 @@ fn additional_properties_false_where_the_decoders_accept_them_is_named() {
 #[test]
 fn a_header_the_code_does_not_write_is_named() {
     let mut doc = contract();
-    doc["components"]["schemas"]["EventHeaders"]["properties"]["traceparent"] =
+    doc["components"]["schemas"]["EventHeaders"]["properties"]["baggage"] =
         json!({"type": "string"});
-    assert_names(header_problems(&doc), &["traceparent"]);
+    assert_names(header_problems(&doc), &["baggage"]);
+}
+
+#[test]
+fn a_trace_context_header_missing_from_the_document_is_named() {
+    let mut doc = contract();
+    doc["components"]["schemas"]["EventHeaders"]["properties"]
+        .as_object_mut()
+        .unwrap()
+        .remove("tracestate");
+    assert_names(header_problems(&doc), &["tracestate"]);
 }
 
 // The checks.
@@ -223,9 +234,11 @@ fn header_problems(doc: &Value) -> Vec<String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let read = |file: &str| std::fs::read_to_string(src.join(file)).unwrap();
     // The outbox's headers and the redrive's are written as `key: "…"`; the dead
-    // letters' as `("dlq.…", value)` pairs.
+    // letters' as `("dlq.…", value)` pairs. The trace context's are what W3C's
+    // propagator injects: `saga::trace::fields()`, the propagator's own list.
     let mut event_headers = literals_after(&read("outbox.rs"), "key: \"");
     event_headers.extend(literals_after(&read("redrive.rs"), "key: \""));
+    event_headers.extend(saga::trace::fields());
     let dead_letter_headers: BTreeSet<String> =
         literals_after(&read("consumer/dead_letters.rs"), "(\"dlq.")
             .into_iter()
