@@ -116,7 +116,8 @@ KAFKA_TOPICS=(
 )
 # Partitions per topic: a consumer group runs at most this many copies of a
 # service in parallel (each partition is read by one member). The tests read it too.
-export KAFKA_TOPIC_PARTITIONS="${KAFKA_TOPIC_PARTITIONS:-3}"
+KAFKA_TOPIC_PARTITIONS="${KAFKA_TOPIC_PARTITIONS:-3}"
+export KAFKA_TOPIC_PARTITIONS
 
 # wait_until TIMEOUT_SECONDS DESCRIPTION COMMAND...
 # Polls COMMAND every 0.5 s until it succeeds; fails naming DESCRIPTION once
