@@ -402,3 +402,40 @@ fn every_services_help_lists_the_opentelemetry_variables() {
         }
     }
 }
+
+/// A record no consumer can read is dead-lettered in its own trace, outcome
+/// `dead_lettered`, and the dead letter keeps its trace context for whoever redrives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_record_is_dead_lettered_in_its_trace_and_keeps_its_context() {
+    let sink = OtlpSink::keeping().await;
+    let stack = traced_stack(&sink).await;
+    let (trace_id, _, traceparent) = client_context();
+    let orders = stack.kafka.topics.orders.clone();
+    let traced = [("traceparent", traceparent.as_str())];
+    stack
+        .kafka
+        .produce_with_headers(&orders, "not-an-order", b"{not json", &traced)
+        .await;
+
+    let dead_letters = stack.kafka.topics.dead_letter(&orders, PAYMENT_SERVICE);
+    let dead = eventually(SETTLE, "the poison record to be dead-lettered", || async {
+        stack.kafka.read_all(&dead_letters).await.into_iter().next()
+    })
+    .await;
+    assert_eq!(
+        saga::kafka::header(&dead, "traceparent"),
+        Some(traceparent.clone())
+    );
+    let spans = eventually(
+        SETTLE,
+        "the poison's process span to be exported",
+        || async {
+            let spans = sink.trace(&trace_id);
+            let payment = spans.iter().any(|span| span.service == PAYMENT_SERVICE);
+            payment.then_some(spans)
+        },
+    )
+    .await;
+    let process = one(&spans, PAYMENT_SERVICE, &format!("process {orders}"), None);
+    assert_eq!(process.attribute("saga.outcome"), Some("dead_lettered"));
+}

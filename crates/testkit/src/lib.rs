@@ -319,6 +319,32 @@ impl TestKafka {
             .expect("the broker acknowledges");
     }
 
+    /// Produces `value` to `topic` with `headers`, as a hand-made record.
+    pub async fn produce_with_headers(
+        &self,
+        topic: &str,
+        key: &str,
+        value: &[u8],
+        headers: &[(&str, &str)],
+    ) {
+        let mut owned = rdkafka::message::OwnedHeaders::new();
+        for (key, value) in headers {
+            owned = owned.insert(rdkafka::message::Header {
+                key,
+                value: Some(*value),
+            });
+        }
+        let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic)
+            .key(key)
+            .payload(value)
+            .headers(owned);
+        self.producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .expect("the broker acknowledges");
+    }
+
     /// Produces a copy of `record` to its topic: its key, value and headers, as a person
     /// replays one with the console producer (`parse.headers=true`).
     pub async fn replay(&self, record: &OwnedMessage) {
