@@ -424,3 +424,103 @@ KUBERNETES_VALIDATE_VENV="$CACHE_DIR/kubernetes-validate"
 ensure_kubernetes_validate() {
   ensure_pypi_tool kubernetes-validate "$KUBERNETES_VALIDATE_VERSION" "$KUBERNETES_VALIDATE_VENV"
 }
+
+# The trace viewer (scripts/up --with-tracing, and the tests that read traces):
+# Zipkin, which stores spans in memory and shows them at /zipkin/, and in front
+# of it an OpenTelemetry Collector built from deploy/otelcol, which takes the
+# services' OTLP over HTTP and passes it on in Zipkin's format. Zipkin's own
+# OTLP module is not published for its current release, hence the collector.
+# docs/running.md, "Traces", says more.
+OTELCOL_VERSION=0.148.0
+OTELCOL_BIN="$CACHE_DIR/otelcol-$OTELCOL_VERSION/otelcol-saga"
+OTELCOL_CONFIG="$ROOT/deploy/otelcol/config.yaml"
+OTELCOL_PORT=4318
+ZIPKIN_VERSION=3.5.1
+ZIPKIN_JAR="$CACHE_DIR/zipkin-$ZIPKIN_VERSION/zipkin-server.jar"
+ZIPKIN_PORT=9411
+
+# Builds the collector from deploy/otelcol's go.mod and go.sum with the Go
+# module proxy, once: the marker holds the sources' checksum and the version,
+# so an edit to them rebuilds and an interrupted build is done again.
+ensure_otelcol() {
+  local src="$ROOT/deploy/otelcol" dir
+  dir="$(dirname "$OTELCOL_BIN")"
+  local marker="$dir/.installed" want
+  want="$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -d' ' -f1) $OTELCOL_VERSION"
+  marker_holds "$marker" "$want" && return 0
+  # Go's own installer puts it here; a login shell's PATH may not say so.
+  [[ -x /usr/local/go/bin/go ]] && PATH="$PATH:/usr/local/go/bin"
+  require_command go "install Go 1.25 or newer (https://go.dev/doc/install)"
+  log "building the OpenTelemetry Collector $OTELCOL_VERSION from deploy/otelcol into $dir"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  (cd "$src" && go build -trimpath -o "$OTELCOL_BIN" .) ||
+    die "could not build the collector in deploy/otelcol (go's output above)"
+  printf '%s\n' "$want" >"$marker"
+}
+
+# Zipkin's server jar (its UI inside) from Maven Central, once per version.
+ensure_zipkin() {
+  local dir
+  dir="$(dirname "$ZIPKIN_JAR")"
+  local marker="$dir/.installed"
+  marker_holds "$marker" "$ZIPKIN_VERSION" && return 0
+  require_command mvn "install Maven (apt-get install -y maven)"
+  require_command java "install Java 17 (apt-get install -y openjdk-17-jdk-headless)"
+  log "fetching Zipkin $ZIPKIN_VERSION from Maven Central into $dir"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  # Output to a file, shown only on failure, as for Kafka's jars.
+  if ! mvn -B -q dependency:get -Dtransitive=false \
+    -Dartifact="io.zipkin:zipkin-server:$ZIPKIN_VERSION:jar:exec" >"$dir/fetch.log" 2>&1; then
+    cat "$dir/fetch.log" >&2
+    die "could not fetch Zipkin $ZIPKIN_VERSION with Maven (output above)"
+  fi
+  cp "$HOME/.m2/repository/io/zipkin/zipkin-server/$ZIPKIN_VERSION/zipkin-server-$ZIPKIN_VERSION-exec.jar" \
+    "$ZIPKIN_JAR"
+  printf '%s\n' "$ZIPKIN_VERSION" >"$marker"
+}
+
+ensure_tracing() {
+  ensure_otelcol
+  ensure_zipkin
+}
+
+zipkin_healthy() {
+  curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$ZIPKIN_PORT/health" 2>/dev/null
+}
+
+# Starts Zipkin, then the collector that sends to it, each unless it runs
+# already; pids and logs in $RUN_DIR as zipkin.* and otelcol.*.
+start_tracing() {
+  ensure_tracing
+  require_command curl "apt-get install -y curl"
+  mkdir -p "$RUN_DIR"
+  if pid_file_alive "$RUN_DIR/zipkin.pid" zipkin; then
+    log "zipkin already running (pid $(<"$RUN_DIR/zipkin.pid"))"
+  else
+    log "starting zipkin on 127.0.0.1:$ZIPKIN_PORT"
+    # In-memory storage: traces last until Zipkin stops. C1 alone and the serial
+    # collector start it in about 6 s rather than 10 on two cores.
+    setsid nohup java -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -jar "$ZIPKIN_JAR" \
+      --armeria.ports[0].ip=127.0.0.1 --armeria.ports[0].port="$ZIPKIN_PORT" \
+      --armeria.ports[0].protocols=http \
+      >>"$RUN_DIR/zipkin.log" 2>&1 </dev/null &
+    echo $! >"$RUN_DIR/zipkin.pid"
+  fi
+  if pid_file_alive "$RUN_DIR/otelcol.pid" otelcol; then
+    log "otelcol already running (pid $(<"$RUN_DIR/otelcol.pid"))"
+  else
+    log "starting the OpenTelemetry Collector on 127.0.0.1:$OTELCOL_PORT"
+    OTELCOL_HTTP_ADDR="127.0.0.1:$OTELCOL_PORT" \
+      OTELCOL_ZIPKIN_URL="http://127.0.0.1:$ZIPKIN_PORT/api/v2/spans" \
+      setsid nohup "$OTELCOL_BIN" --config "$OTELCOL_CONFIG" \
+      >>"$RUN_DIR/otelcol.log" 2>&1 </dev/null &
+    echo $! >"$RUN_DIR/otelcol.pid"
+  fi
+  wait_until 90 "zipkin to report healthy" zipkin_healthy ||
+    die "zipkin did not come up; its log: $RUN_DIR/zipkin.log"
+  wait_until 30 "the collector to listen on 127.0.0.1:$OTELCOL_PORT" \
+    tcp_open 127.0.0.1 "$OTELCOL_PORT" ||
+    die "the collector did not come up; its log: $RUN_DIR/otelcol.log"
+}
