@@ -21,6 +21,7 @@ pub mod infra;
 pub mod invariants;
 pub mod load;
 pub mod metrics;
+pub mod viewer;
 
 mod instances;
 
