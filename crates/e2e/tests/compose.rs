@@ -23,6 +23,8 @@ mod ports;
 mod postgres;
 #[path = "compose/services.rs"]
 mod services;
+#[path = "compose/tracing.rs"]
+mod tracing;
 
 #[path = "compose/binaries.rs"]
 mod binaries;

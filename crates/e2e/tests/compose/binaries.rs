@@ -25,8 +25,10 @@ pub(crate) fn variables_read_by(binary: &str) -> BTreeSet<String> {
     read
 }
 
-/// The variables that `saga::telemetry` reads outside clap: `std::env::var("NAME")`, and
-/// `RUST_LOG` when it builds its filter from tracing-subscriber's default variable.
+/// The variables that `saga::telemetry` reads outside clap: `std::env::var("NAME")`,
+/// `RUST_LOG` when it builds its filter from tracing-subscriber's default variable, and
+/// the standard OpenTelemetry ones once the saga library exports spans over OTLP (the
+/// exporter reads the endpoint itself, the SDK the service's name).
 fn logging_variables() -> Vec<String> {
     static VAR: LazyLock<Regex> =
         LazyLock::new(|| Regex::new(r#"env::var\("([A-Z][A-Z0-9_]*)"\)"#).unwrap());
@@ -38,7 +40,26 @@ fn logging_variables() -> Vec<String> {
     if source.contains("from_default_env") {
         variables.push("RUST_LOG".to_owned());
     }
+    if exports_over_otlp() {
+        variables.extend(["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME"].map(str::to_owned));
+    }
     variables
+}
+
+/// Whether some file of the saga library uses the OTLP exporter.
+fn exports_over_otlp() -> bool {
+    fn any_file_uses(dir: &std::path::Path) -> bool {
+        std::fs::read_dir(dir).unwrap().any(|entry| {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                any_file_uses(&path)
+            } else {
+                path.extension().is_some_and(|e| e == "rs")
+                    && read(&path).contains("opentelemetry_otlp")
+            }
+        })
+    }
+    any_file_uses(&workspace_root().join("crates/saga/src"))
 }
 
 /// The `[default: ...]` that `binary --help` shows for the setting read from `variable`.
