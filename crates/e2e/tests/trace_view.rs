@@ -1,11 +1,27 @@
 //! The trace viewer a test starts (`saga_e2e::viewer`): spans sent as OTLP over HTTP to its
-//! collector reach its Zipkin, found there by trace id and by tag, each under its service.
+//! collector reach its Zipkin, found there by trace id and by tag, each under its service;
+//! and an order placed on the real binaries exporting to it is one trace on Zipkin's page,
+//! in a real browser (Debian's chromium, headless through chromedriver), with the spans of
+//! every service, the card provider's among them.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use fantoccini::{ClientBuilder, Locator};
 use saga_e2e::viewer::{Viewer, services_of};
+use saga_e2e::{NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, Stack};
+use saga_testkit::eventually;
 use serde_json::{Value, json};
+use tokio::process::Command;
 use uuid::Uuid;
+
+const EVERY_SERVICE: [&str; 4] = [
+    ORDER_SERVICE,
+    PAYMENT_SERVICE,
+    NOTIFICATION_SERVICE,
+    PAYMENT_PROVIDER,
+];
+const WAIT: Duration = Duration::from_secs(60);
 
 /// One span of `service` in OTLP's JSON encoding (the services send the same as protobuf).
 fn otlp_span(
@@ -86,4 +102,100 @@ async fn spans_sent_to_the_collector_are_found_in_zipkin_by_trace_id_and_by_tag_
             .is_empty(),
         "an unknown trace has no spans"
     );
+}
+
+#[tokio::test]
+async fn an_orders_trace_opened_in_zipkins_page_shows_the_spans_of_every_service_the_provider_included()
+ {
+    let viewer = Viewer::start().await;
+    let endpoint = viewer.otlp_endpoint();
+    // Exported every 100 ms rather than every 5 s: the test waits for spans, not a clock.
+    let stack = Stack::start_with_env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ])
+    .await;
+    let order_id = stack.place_order(1).await;
+    assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
+    stack.notified(order_id).await;
+
+    // The order's records are keyed by its id; payment-service's span of the order.created
+    // it consumed says so, and the trace it belongs to started at the POST.
+    let spans = viewer
+        .await_tagged(
+            PAYMENT_SERVICE,
+            "messaging.kafka.message.key",
+            &order_id.to_string(),
+            &EVERY_SERVICE,
+        )
+        .await;
+    let trace_id = spans[0]["traceId"].as_str().unwrap().to_owned();
+
+    let (mut driver, browser) = open_browser().await;
+    browser.goto(&viewer.trace_page(&trace_id)).await.unwrap();
+    // The page lists each span as `<service>: <span name>`, once it has rendered the trace.
+    let shown = eventually(
+        WAIT,
+        "the trace page to list a span of every service",
+        || {
+            let browser = browser.clone();
+            async move {
+                let body = browser.find(Locator::Css("body")).await.ok()?;
+                let text = body.text().await.ok()?;
+                let rows =
+                    |service: &str| text.lines().any(|l| l.starts_with(&format!("{service}: ")));
+                EVERY_SERVICE.iter().all(|s| rows(s)).then_some(text)
+            }
+        },
+    )
+    .await;
+    let png = browser.screenshot().await.unwrap();
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("zipkin-trace.png");
+    std::fs::write(&shot, png).unwrap();
+    assert!(
+        shown.contains(&trace_id),
+        "not trace {trace_id}'s page:\n{shown}"
+    );
+    assert!(
+        shown.contains(&format!("Services\n{}\n", EVERY_SERVICE.len())),
+        "the page counts other services than the saga's four:\n{shown}"
+    );
+    assert!(
+        shown.contains(&format!("{PAYMENT_PROVIDER}: post /v1/charges")),
+        "the provider's charge is not on the page:\n{shown}"
+    );
+    browser.close().await.unwrap();
+    driver.kill().await.unwrap();
+}
+
+/// A headless chromium driven through chromedriver, which is stopped when dropped.
+async fn open_browser() -> (tokio::process::Child, fantoccini::Client) {
+    let driver_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let driver = Command::new("chromedriver")
+        .arg(format!("--port={driver_port}"))
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("chromedriver is installed (scripts/test installs chromium-driver)");
+    let capabilities = json!({
+        "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1800"],
+        }
+    });
+    let browser = eventually(WAIT, "chromedriver to accept a session", || {
+        let capabilities = capabilities.as_object().unwrap().clone();
+        async move {
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(capabilities)
+                .connect(&format!("http://127.0.0.1:{driver_port}"))
+                .await
+                .ok()
+        }
+    })
+    .await;
+    (driver, browser)
 }
