@@ -117,7 +117,9 @@ fn the_images_the_native_scripts_and_the_tests_run_the_same_collector_and_zipkin
     );
     let dockerfile = read(&workspace_root().join("deploy/zipkin/Dockerfile"));
     assert!(
-        dockerfile.contains(&format!("ARG ZIPKIN_VERSION={zipkin}\n")),
-        "deploy/zipkin/Dockerfile: its ZIPKIN_VERSION is not scripts/lib.sh's {zipkin}"
+        dockerfile.contains(&format!(
+            "-Dartifact=io.zipkin:zipkin-server:{zipkin}:jar:exec "
+        )),
+        "deploy/zipkin/Dockerfile: the jar it fetches is not ZIPKIN_VERSION {zipkin}'s"
     );
 }
