@@ -32,9 +32,13 @@ fn the_topics_kafka_init_creates_are_those_of_the_native_scripts_and_the_code() 
     );
     assert_eq!(created, code, "kafka-init TOPICS vs saga::Topics::all()");
 
+    // The same setting, under the same name and with the same default, as natively.
     assert_eq!(
         env_var(&env, "kafka-init", "PARTITIONS"),
-        lib.scalar("KAFKA_TOPIC_PARTITIONS"),
+        format!(
+            "${{KAFKA_TOPIC_PARTITIONS:-{}}}",
+            lib.scalar("KAFKA_TOPIC_PARTITIONS")
+        ),
         "kafka-init PARTITIONS vs KAFKA_TOPIC_PARTITIONS in scripts/lib.sh"
     );
 
