@@ -9,6 +9,9 @@ use saga_testkit::otlp::{OtlpSink, Span};
 use serde_json::json;
 use uuid::Uuid;
 
+/// A vendor's `tracestate`, as a client may send one.
+const CLIENT_STATE: &str = "vendor=opaque-1";
+
 /// Exports every 100 ms instead of every 5 s: the test waits for spans, not for a clock.
 const EXPORT_DELAY_MS: &str = "100";
 
@@ -105,11 +108,15 @@ fn within(span: &Span, ancestor: &Span, spans: &[Span]) {
     }
 }
 
-/// Places an order as a client whose request carries `traceparent`; returns its id.
-async fn place_traced_order(stack: &Stack, traceparent: &str) -> Uuid {
+/// Places an order as a client whose request carries `traceparent`, and `tracestate` if
+/// given; returns its id.
+async fn place_traced_order(stack: &Stack, traceparent: &str, tracestate: Option<&str>) -> Uuid {
     let (http, _) = stack.api();
-    let placed = http
-        .post(stack.api_url("/v1/orders"))
+    let mut request = http.post(stack.api_url("/v1/orders"));
+    if let Some(state) = tracestate {
+        request = request.header("tracestate", state);
+    }
+    let placed = request
         .header("traceparent", traceparent)
         .json(&json!({
             "customer_id": "cust-trace",
@@ -135,6 +142,11 @@ async fn replay_payment(stack: &Stack, order_id: Uuid, trace_id: &str) {
         .expect("the payment's record was published");
     let traceparent = saga::kafka::header(&payment, "traceparent");
     assert!(traceparent.is_some_and(|context| context.contains(trace_id)));
+    // The client's vendor state travels with the context, hop after hop.
+    assert_eq!(
+        saga::kafka::header(&payment, "tracestate").as_deref(),
+        Some(CLIENT_STATE)
+    );
     stack.kafka.replay(&payment).await;
 }
 
@@ -143,7 +155,7 @@ async fn one_orders_trace_holds_every_hop_and_a_replayed_payment_meets_guard_1()
     let sink = OtlpSink::keeping().await;
     let stack = traced_stack(&sink).await;
     let (trace_id, client_span, traceparent) = client_context();
-    let order_id = place_traced_order(&stack, &traceparent).await;
+    let order_id = place_traced_order(&stack, &traceparent, Some(CLIENT_STATE)).await;
     assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
     replay_payment(&stack, order_id, &trace_id).await;
     // The last hops, the replay's process span and the notification's record sent, and
@@ -340,6 +352,11 @@ async fn in_batches_each_record_is_processed_in_its_own_orders_trace() {
         let count = process.attribute("messaging.batch.message_count");
         batched += usize::from(count.is_some_and(|count| count != "1"));
     }
+    // No client sent a `tracestate`: no record carries an empty one.
+    for record in stack.kafka.read_all(&topics.notifications).await {
+        assert!(saga::kafka::header(&record, "traceparent").is_some());
+        assert_eq!(saga::kafka::header(&record, "tracestate"), None);
+    }
     assert!(
         batched > 0,
         "the backlog was applied in batches (no process span says a batch of more than one)"
@@ -352,7 +369,7 @@ async fn in_batches_each_record_is_processed_in_its_own_orders_trace() {
 async fn with_traces_off_no_record_carries_trace_context() {
     let stack = Stack::start().await;
     let (_, _, traceparent) = client_context();
-    let order_id = place_traced_order(&stack, &traceparent).await;
+    let order_id = place_traced_order(&stack, &traceparent, None).await;
     assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
     stack.notified(order_id).await;
     let topics = &stack.kafka.topics;

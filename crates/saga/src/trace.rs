@@ -59,6 +59,8 @@ pub fn carrier_of(span: &Span) -> HashMap<String, String> {
     let mut carrier = HashMap::new();
     if enabled() {
         TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
+        // The propagator writes `tracestate` even when it is empty: no header for nothing.
+        carrier.retain(|_, value| !value.is_empty());
     }
     carrier
 }
