@@ -4,15 +4,13 @@
 //! in a real browser (Debian's chromium, headless through chromedriver), with the spans of
 //! every service, the card provider's among them.
 
-use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fantoccini::{ClientBuilder, Locator};
+use fantoccini::Locator;
 use saga_e2e::viewer::{Viewer, services_of};
 use saga_e2e::{NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, Stack};
 use saga_testkit::eventually;
 use serde_json::{Value, json};
-use tokio::process::Command;
 use uuid::Uuid;
 
 const EVERY_SERVICE: [&str; 4] = [
@@ -131,7 +129,7 @@ async fn an_orders_trace_opened_in_zipkins_page_shows_the_spans_of_every_service
         .await;
     let trace_id = spans[0]["traceId"].as_str().unwrap().to_owned();
 
-    let (mut driver, browser) = open_browser().await;
+    let (mut driver, browser) = saga_testkit::browser::open().await;
     browser.goto(&viewer.trace_page(&trace_id)).await.unwrap();
     // The page lists each span as `<service>: <span name>`, once it has rendered the trace.
     let shown = eventually(
@@ -166,36 +164,4 @@ async fn an_orders_trace_opened_in_zipkins_page_shows_the_spans_of_every_service
     );
     browser.close().await.unwrap();
     driver.kill().await.unwrap();
-}
-
-/// A headless chromium driven through chromedriver, which is stopped when dropped.
-async fn open_browser() -> (tokio::process::Child, fantoccini::Client) {
-    let driver_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let driver = Command::new("chromedriver")
-        .arg(format!("--port={driver_port}"))
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("chromedriver is installed (scripts/test installs chromium-driver)");
-    let capabilities = json!({
-        "goog:chromeOptions": {
-            "binary": "/usr/bin/chromium",
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1800"],
-        }
-    });
-    let browser = eventually(WAIT, "chromedriver to accept a session", || {
-        let capabilities = capabilities.as_object().unwrap().clone();
-        async move {
-            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-                .capabilities(capabilities)
-                .connect(&format!("http://127.0.0.1:{driver_port}"))
-                .await
-                .ok()
-        }
-    })
-    .await;
-    (driver, browser)
 }

@@ -2,54 +2,15 @@
 //! chromedriver): an order's timeline shows a payment replayed by hand stopped by guard
 //! 1, live, without a reload.
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use fantoccini::{ClientBuilder, Locator};
+use fantoccini::Locator;
 use saga_e2e::Stack;
-use saga_testkit::eventually;
 use serde_json::json;
-use tokio::process::Command;
 
 mod common;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port()
-}
-
-/// A headless chromium driven through chromedriver, which is stopped when dropped.
-async fn open_browser() -> (tokio::process::Child, fantoccini::Client) {
-    let driver_port = free_port();
-    let driver = Command::new("chromedriver")
-        .arg(format!("--port={driver_port}"))
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("chromedriver is installed (scripts/test installs chromium-driver)");
-    let capabilities = json!({
-        "goog:chromeOptions": {
-            "binary": "/usr/bin/chromium",
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1800"],
-        }
-    });
-    let browser = eventually(WAIT, "chromedriver to accept a session", || {
-        let capabilities = capabilities.as_object().unwrap().clone();
-        async move {
-            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-                .capabilities(capabilities)
-                .connect(&format!("http://127.0.0.1:{driver_port}"))
-                .await
-                .ok()
-        }
-    })
-    .await;
-    (driver, browser)
-}
 
 #[tokio::test]
 async fn a_payment_replayed_by_hand_appears_stopped_by_guard_1_on_the_open_page_without_a_reload() {
@@ -64,7 +25,7 @@ async fn a_payment_replayed_by_hand_appears_stopped_by_guard_1_on_the_open_page_
     let site = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, sagactl::web::router(web)).await });
 
-    let (mut driver, browser) = open_browser().await;
+    let (mut driver, browser) = saga_testkit::browser::open().await;
 
     browser
         .goto(&format!("{site}/orders/{order_id}"))

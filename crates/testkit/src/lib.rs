@@ -25,6 +25,7 @@ use uuid::Uuid;
 
 pub use saga::kafka::header;
 
+pub mod browser;
 pub mod otlp;
 pub mod provider;
 pub mod race;
