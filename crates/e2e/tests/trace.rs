@@ -299,25 +299,11 @@ async fn in_batches_each_record_is_processed_in_its_own_orders_trace() {
     let topics = stack.kafka.topics.clone();
     // Stopped, so that the outcomes wait for it and it starts on a backlog: batches.
     assert!(stack.terminate_service(NOTIFICATION_SERVICE).await);
-    let (http, _) = stack.api();
     let mut orders = Vec::new();
     for _ in 0..ORDERS {
         let (trace_id, _, traceparent) = client_context();
-        let placed = http
-            .post(stack.api_url("/v1/orders"))
-            .header("traceparent", &traceparent)
-            .json(&json!({
-                "customer_id": "cust-trace",
-                "items": [{ "product_id": KEYBOARD, "quantity": 1 }],
-            }))
-            .send()
-            .await
-            .expect("order-service answers");
-        let body: serde_json::Value = placed.json().await.expect("a JSON body");
-        orders.push((
-            body["id"].as_str().unwrap().parse::<Uuid>().unwrap(),
-            trace_id,
-        ));
+        let order_id = place_traced_order(&stack, &traceparent, None).await;
+        orders.push((order_id, trace_id));
     }
     for (order_id, _) in &orders {
         stack.settled_order(*order_id).await;
