@@ -157,7 +157,8 @@ impl Provider {
         let mut request = request
             .build()
             .map_err(|error| no_answer(describe(error)))?;
-        let span = trace::client_span(request.method().as_str(), request.url().as_str());
+        let (method, url) = (request.method().as_str(), request.url());
+        let span = trace::client_span(method, url.path(), url.as_str());
         trace::inject(&span, request.headers_mut());
         let response = self
             .http

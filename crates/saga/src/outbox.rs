@@ -354,12 +354,9 @@ impl OutboxRelay {
             };
             let value = envelope.to_json();
             let caused_by: Option<String> = row.get("caused_by");
-            let span = trace::send_span(
-                &topic,
-                &envelope.aggregate_id,
-                &envelope.id,
-                &stored_context(row),
-            );
+            let span = trace::send_span(&topic, &envelope.aggregate_id, &envelope.id, || {
+                stored_context(row)
+            });
             let mut headers = OwnedHeaders::new()
                 .insert(Header {
                     key: "event_id",

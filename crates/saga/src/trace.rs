@@ -146,17 +146,13 @@ impl Extractor for HttpHeaders<'_> {
     }
 }
 
-/// A client span for a call to another system over HTTP (`POST /v1/charges`), whose
+/// A client span for a call to another system over HTTP (`POST /v1/charges`: the
+/// request's method and its URL's path, as the client parsed it; `url` whole), whose
 /// context [`inject`] puts on the request. `Span::none()` when tracing is off.
-pub fn client_span(method: &str, url: &str) -> Span {
+pub fn client_span(method: &str, path: &str, url: &str) -> Span {
     if !enabled() {
         return Span::none();
     }
-    let path = url.split('?').next().unwrap_or(url);
-    let path = path.find("://").map_or(path, |scheme| {
-        let rest = &path[scheme + 3..];
-        rest.find('/').map_or("/", |start| &rest[start..])
-    });
     let span = tracing::info_span!(
         "call",
         otel.name = tracing::field::Empty,
@@ -188,9 +184,14 @@ pub fn failed(span: &Span, reason: impl std::fmt::Display) {
 }
 
 /// The relay's producer span for one outbox row's record, continuing the context the row
-/// was written in (`stored`: its `traceparent` and `tracestate` columns). `Span::none()`
-/// when tracing is off: the relay sends hundreds of rows a look.
-pub fn send_span(topic: &str, key: &str, event_id: &str, stored: &HashMap<String, String>) -> Span {
+/// was written in (`stored`: its `traceparent` and `tracestate` columns, read only when
+/// tracing is on). `Span::none()` when it is off: the relay sends hundreds of rows a look.
+pub fn send_span(
+    topic: &str,
+    key: &str,
+    event_id: &str,
+    stored: impl FnOnce() -> HashMap<String, String>,
+) -> Span {
     if !enabled() {
         return Span::none();
     }
@@ -201,7 +202,7 @@ pub fn send_span(topic: &str, key: &str, event_id: &str, stored: &HashMap<String
         otel.kind = tracing::field::Empty,
     );
     name(&span, &format!("send {topic}"), "producer");
-    continue_from(&span, stored, false);
+    continue_from(&span, &stored(), false);
     messaging(&span, topic, "send", key, event_id);
     span
 }
