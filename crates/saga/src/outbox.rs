@@ -90,7 +90,7 @@ pub async fn enqueue<P: Serialize>(
     let insert = tx.prepare_cached(INSERT_EVENT).await?;
     let payload = serde_json::to_value(event.payload)
         .expect("event payloads are plain structs and serialize");
-    let mut trace = trace::carrier_of(&tracing::Span::current());
+    let mut trace = trace::current_carrier();
     tx.pipeline(
         insert,
         vec![

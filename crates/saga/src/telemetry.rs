@@ -82,6 +82,14 @@ fn install(service: Option<&str>) -> anyhow::Result<Telemetry> {
             // Busy and idle times per span: two clock reads per poll, for figures the
             // span's own start and end already give.
             .with_tracked_inactivity(false)
+            // Source file, line, module, thread and target on every span: six attributes
+            // to encode and send for each hop, which name the code, not the order.
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_filter(tracing_subscriber::filter::filter_fn(
+                crate::trace::exported,
+            ))
     });
     let installed = tracing_subscriber::registry()
         .with(filter)

@@ -19,6 +19,12 @@
 //! the guards made of it (`applied`, `duplicate`, `guarded`, `ignored`, `dead_lettered`):
 //! a replayed event shows as a process span in the original's trace that met guard 1.
 //!
+//! Only these hops are exported: the spans that declare `otel.kind` ([`exported`]). A
+//! handler's own span (`charge_order`, …) and every log line stay in the log, where they
+//! were; exported too, they tripled what each order costs to trace, for nothing the hops
+//! do not already say. What a handler writes continues its process span all the same
+//! ([`current_carrier`]).
+//!
 //! Off unless [`crate::telemetry`] exports spans (`OTEL_EXPORTER_OTLP_ENDPOINT`): then
 //! nothing is read from or written to headers or the outbox, and a span costs what a
 //! logging span costs. A service that does not export does not carry the context on
@@ -56,13 +62,37 @@ pub fn fields() -> Vec<String> {
 /// A span's trace context as its carrier's `name → value` pairs: `traceparent`, and
 /// `tracestate` when it is not empty. Empty when tracing is off or the span is not traced.
 pub fn carrier_of(span: &Span) -> HashMap<String, String> {
-    let mut carrier = HashMap::new();
     if enabled() {
-        TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
-        // The propagator writes `tracestate` even when it is empty: no header for nothing.
-        carrier.retain(|_, value| !value.is_empty());
+        carrier(&span.context())
+    } else {
+        HashMap::new()
     }
+}
+
+/// The trace context of the innermost exported span the caller runs in, as a carrier
+/// (see [`carrier_of`]): a handler's outbox rows continue its record's process span, or
+/// the request's server span, through any span of its own the exporter leaves out.
+pub fn current_carrier() -> HashMap<String, String> {
+    if enabled() {
+        // Entering an exported span makes its context current; entering a span the
+        // exporter leaves out does not, so the current context is the nearest hop's.
+        carrier(&opentelemetry::Context::current())
+    } else {
+        HashMap::new()
+    }
+}
+
+fn carrier(context: &opentelemetry::Context) -> HashMap<String, String> {
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(context, &mut carrier);
+    // The propagator writes `tracestate` even when it is empty: no header for nothing.
+    carrier.retain(|_, value| !value.is_empty());
     carrier
+}
+
+/// Whether a span is exported: only the hops, which declare `otel.kind`; no log event.
+pub(crate) fn exported(metadata: &tracing::Metadata<'_>) -> bool {
+    metadata.is_span() && metadata.fields().field("otel.kind").is_some()
 }
 
 /// The remote context a carrier holds (none if it holds no valid `traceparent`).
