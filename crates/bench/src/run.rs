@@ -77,6 +77,9 @@ pub struct Plan {
     pub step: Duration,
     /// Orders placed for the capacity phase.
     pub backlog: u32,
+    /// Orders settled in each of phase 6's four steps: more than a backlog, since the
+    /// difference it looks for (a few percent) is smaller than a short step's noise.
+    pub traced: u32,
     pub pgbench: Duration,
     /// Outbox rows made for pgbench's relay script.
     pub relay_rows: u32,
@@ -95,6 +98,7 @@ impl Plan {
             latency: vec![0.5],
             step: Duration::from_secs(10),
             backlog: 1_500,
+            traced: 6_000,
             pgbench: Duration::from_secs(5),
             relay_rows: 60_000,
             old_ids: 200_000,
@@ -111,6 +115,7 @@ impl Plan {
             latency: vec![0.25, 0.5],
             step: Duration::from_secs(30),
             backlog: 6_000,
+            traced: 15_000,
             pgbench: Duration::from_secs(15),
             relay_rows: 200_000,
             old_ids: 1_000_000,

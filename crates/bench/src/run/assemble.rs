@@ -265,6 +265,7 @@ fn settings_map(settings: &Settings, plan: &Plan) -> BTreeMap<String, String> {
     settings_map.insert("RUST_LOG".into(), settings.rust_log.clone());
     settings_map.insert("step_seconds".into(), plan.step.as_secs().to_string());
     settings_map.insert("backlog_orders".into(), plan.backlog.to_string());
+    settings_map.insert("traced_orders".into(), plan.traced.to_string());
     settings_map.insert("pgbench_seconds".into(), plan.pgbench.as_secs().to_string());
     settings_map.insert("old_ids".into(), plan.old_ids.to_string());
     settings_map

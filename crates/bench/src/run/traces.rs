@@ -35,7 +35,7 @@ pub(super) async fn traces(
                 Shape::Closed {
                     concurrency: pool_size,
                 },
-                u64::from(plan.backlog),
+                u64::from(plan.traced),
                 &tag,
                 Keys::None,
             )
