@@ -194,6 +194,17 @@ async fn one_orders_trace_holds_every_hop_and_a_replayed_payment_meets_guard_1()
     assert_eq!(notify.attribute("saga.outcome"), Some("applied"));
 
     // Nothing in the trace hangs loose: every span's parent is in it, but the client's.
+    // The log reads as it does untraced: the fields that name a span for the exporter
+    // are not written into every line.
+    for service in [ORDER_SERVICE, PAYMENT_SERVICE, NOTIFICATION_SERVICE] {
+        let log = stack.log(service);
+        assert!(
+            log.contains("record{topic="),
+            "{service} logged its records"
+        );
+        let named: Vec<&str> = log.lines().filter(|line| line.contains("otel.")).collect();
+        assert!(named.is_empty(), "{service} logged otel fields: {named:#?}");
+    }
     for span in &spans {
         // Only the hops are exported: a handler's own span and the log stay in the log.
         assert_ne!(span.kind, "internal", "{}", outline(&spans));

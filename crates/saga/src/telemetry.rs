@@ -4,12 +4,18 @@
 //! ([`OTEL_HELP`] lists the standard variables read); what they hold is in
 //! [`crate::trace`].
 
+use std::fmt;
 use std::io::IsTerminal;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::field::{Field, Visit};
+use tracing::span;
+use tracing_subscriber::field::{RecordFields, VisitOutput as _};
+use tracing_subscriber::fmt::FormattedFields;
+use tracing_subscriber::fmt::format::{DefaultVisitor, FormatFields, Writer};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
@@ -70,7 +76,7 @@ fn install(service: Option<&str>) -> anyhow::Result<Telemetry> {
     let fmt = if std::env::var("LOG_FORMAT").as_deref() == Ok("json") {
         fmt.json().boxed()
     } else {
-        fmt.boxed()
+        fmt.fmt_fields(LogFields).boxed()
     };
     let provider = match service {
         Some(service) if exporting() => Some(provider(service)?),
@@ -136,4 +142,55 @@ fn provider(service: &str) -> anyhow::Result<SdkTracerProvider> {
         .with_batch_exporter(exporter)
         .with_resource(resource.build())
         .build())
+}
+
+/// The text log's fields, without the `otel.*` ones that name a span for the exporter:
+/// a line reads the same whether spans are exported or not, and costs no more to write.
+struct LogFields;
+
+impl<'writer> FormatFields<'writer> for LogFields {
+    fn format_fields<R: RecordFields>(&self, writer: Writer<'writer>, fields: R) -> fmt::Result {
+        let mut visitor = WithoutOtel(DefaultVisitor::new(writer, true));
+        fields.record(&mut visitor);
+        visitor.0.finish()
+    }
+
+    // A span's `otel.*` fields are recorded after it is made: nothing to add then, not
+    // even the space the default puts before what it adds.
+    fn add_fields(
+        &self,
+        current: &'writer mut FormattedFields<Self>,
+        fields: &span::Record<'_>,
+    ) -> fmt::Result {
+        let empty = current.fields.is_empty();
+        let mut visitor = WithoutOtel(DefaultVisitor::new(current.as_writer(), empty));
+        fields.record(&mut visitor);
+        visitor.0.finish()
+    }
+}
+
+struct WithoutOtel<'a>(DefaultVisitor<'a>);
+
+fn logged(field: &Field) -> bool {
+    !field.name().starts_with("otel.")
+}
+
+impl Visit for WithoutOtel<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if logged(field) {
+            self.0.record_str(field, value);
+        }
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        if logged(field) {
+            self.0.record_error(field, value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if logged(field) {
+            self.0.record_debug(field, value);
+        }
+    }
 }

@@ -121,7 +121,7 @@ pub fn continue_from(span: &Span, carrier: &dyn Extractor, link: bool) {
 
 /// Names `span` for the viewer and says which side of a call or a record it is (`server`,
 /// `client`, `producer`, `consumer`). The span must declare `otel.name` and `otel.kind`
-/// as empty fields: recorded only when tracing is on, they stay out of the log otherwise.
+/// as empty fields: recorded only when tracing is on, and never in the text log.
 pub fn name(span: &Span, name: &str, kind: &'static str) {
     if enabled() {
         span.record("otel.name", name);
