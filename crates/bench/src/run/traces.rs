@@ -1,9 +1,9 @@
 //! Phase 6, traces: what exporting spans costs the saga end to end.
 //!
 //! The same backlog settled with the services exporting nothing, then with every service
-//! exporting its spans with OTLP to a receiver in this process that decodes and counts
-//! them, then drops them: the cost measured is the services', not a viewer's, which would
-//! compete for the same cores. The steps run off, on, on, off, so that a drift of the
+//! exporting its spans with OTLP to a receiver in this process that counts them, without
+//! decoding them, and drops them: the cost measured is the services', not a viewer's,
+//! which would compete for the same cores. The steps run off, on, on, off, so that a drift of the
 //! machine over the phase weighs on both alike; each mode's rate is the mean of its two.
 
 use std::sync::Arc;
