@@ -524,3 +524,9 @@ start_tracing() {
     tcp_open 127.0.0.1 "$OTELCOL_PORT" ||
     die "the collector did not come up; its log: $RUN_DIR/otelcol.log"
 }
+
+# The copy of the test CA's certificate, which signs PostgreSQL's (scripts/infra-up),
+# for a client's sslrootcert; the tests read it here unless SAGA_TEST_PG_CA names it.
+postgres_ca_file() {
+  printf '%s\n' "$RUN_DIR/postgres-ca.crt"
+}
