@@ -1,13 +1,18 @@
 //! PostgreSQL plumbing: the connection pool, single dedicated connections, and migrations.
+//! Every connection goes through [`Config`], and so through TLS as its URL's `sslmode`
+//! says ([`tls`]).
 //!
 //! Every service owns one database. Its schema is two migration sets applied in order:
 //! the saga's own (`migrations/saga`: `processed_events`, `outbox`) and the service's
 //! (`migrations/<service>`), each with its own history table so the sets never collide.
 
+pub mod tls;
+
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::{Client, NoTls};
+use postgres_openssl::{MakeTlsConnector, TlsStream};
+use tokio_postgres::{Client, Connection, Socket};
 
 mod embedded {
     refinery::embed_migrations!("../../migrations/saga");
@@ -24,6 +29,11 @@ pub enum DbError {
     Pool(#[from] deadpool_postgres::BuildError),
     #[error("cannot connect to PostgreSQL: {}", describe(.0))]
     Connect(tokio_postgres::Error),
+    #[error(transparent)]
+    TlsSettings(#[from] tls::TlsError),
+    /// A handshake refused for a reason that recurs until a setting changes.
+    #[error("cannot connect to PostgreSQL: TLS handshake refused: {reason} ({settings})")]
+    TlsRefused { reason: String, settings: String },
     #[error("migration failed: {0}")]
     Migrate(#[from] refinery::Error),
     #[error("{}", describe(.0))]
@@ -61,23 +71,79 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(DbError::Url)?;
+/// A database URL read: tokio-postgres's settings, and the TLS ones it cannot read.
+/// Derefs to the former for the host, port, database and user.
+#[derive(Clone)]
+pub struct Config {
+    postgres: tokio_postgres::Config,
+    tls: tls::Settings,
+    connector: MakeTlsConnector,
+}
+
+impl Config {
+    /// A session of its own, the connection to be polled by the caller.
+    pub async fn connect(
+        &self,
+    ) -> Result<(Client, Connection<Socket, TlsStream<Socket>>), tokio_postgres::Error> {
+        self.postgres.connect(self.connector.clone()).await
+    }
+
+    pub fn tls(&self) -> &tls::Settings {
+        &self.tls
+    }
+
+    /// `error`, made [`DbError::TlsRefused`] if it is a refused handshake.
+    fn connect_error(&self, error: tokio_postgres::Error) -> DbError {
+        match tls::refusal(&error) {
+            Some(reason) => DbError::TlsRefused {
+                reason,
+                settings: self.tls.describe(),
+            },
+            None => DbError::Connect(error),
+        }
+    }
+}
+
+impl std::ops::Deref for Config {
+    type Target = tokio_postgres::Config;
+
+    fn deref(&self) -> &tokio_postgres::Config {
+        &self.postgres
+    }
+}
+
+/// Reads `url`, TLS settings included; a certificate file named in it is read now, so
+/// that a missing one stops a service at start-up.
+pub fn parse_url(url: &str) -> Result<Config, DbError> {
+    let (rest, parameters) = tls::take_parameters(url);
+    let mut postgres: tokio_postgres::Config = rest.parse().map_err(DbError::Url)?;
+    let default_mode = match postgres.get_ssl_mode() {
+        tokio_postgres::config::SslMode::Disable => tls::SslMode::Disable,
+        tokio_postgres::config::SslMode::Require => tls::SslMode::Require,
+        _ => tls::SslMode::Prefer,
+    };
+    let tls = tls::Settings::from_parameters(parameters, default_mode)?;
+    postgres.ssl_mode(tls.wire_mode());
     // Without a timeout a connect to a stopped server can hang for minutes; the callers
     // retry with backoff instead.
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(5));
+    if postgres.get_connect_timeout().is_none() {
+        postgres.connect_timeout(Duration::from_secs(5));
     }
-    Ok(config)
+    Ok(Config {
+        connector: tls.connector()?,
+        postgres,
+        tls,
+    })
 }
 
 /// A pool of at most `max_size` connections to the service's database. Connections are
 /// made lazily, so a service starts even while the database is down and recovers when it
 /// is back.
 pub fn pool(database_url: &str, max_size: usize) -> Result<Pool, DbError> {
+    let config = parse_url(database_url)?;
     let manager = Manager::from_config(
-        parse_url(database_url)?,
-        NoTls,
+        config.postgres,
+        config.connector,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -91,8 +157,11 @@ pub fn pool(database_url: &str, max_size: usize) -> Result<Pool, DbError> {
 }
 
 /// One connection outside the pool, for work that needs a session of its own.
-pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, DbError> {
-    let (client, connection) = config.connect(NoTls).await.map_err(DbError::Connect)?;
+pub async fn connect(config: &Config) -> Result<Client, DbError> {
+    let (client, connection) = config
+        .connect()
+        .await
+        .map_err(|error| config.connect_error(error))?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(%error, "database connection closed");

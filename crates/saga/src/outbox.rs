@@ -24,7 +24,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tokio_postgres::types::Json;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
+use tokio_postgres::{AsyncMessage, Client, Row, Statement};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
@@ -129,7 +129,7 @@ const RELAY_PLAN_CACHE_MODE: &str = "force_custom_plan";
 
 /// Publishes committed outbox rows to Kafka.
 pub struct OutboxRelay {
-    database: tokio_postgres::Config,
+    database: crate::db::Config,
     producer: FutureProducer,
     /// How long to wait for a NOTIFY or a wake-up before looking anyway.
     poll_interval: Duration,
@@ -312,7 +312,7 @@ impl OutboxRelay {
     /// A dedicated session: the advisory lock and LISTEN belong to it, and its
     /// notifications arrive on the returned channel, which closes when the session ends.
     async fn connect_listening(&self) -> anyhow::Result<(Client, mpsc::UnboundedReceiver<()>)> {
-        let (client, mut connection) = self.database.connect(NoTls).await?;
+        let (client, mut connection) = self.database.connect().await?;
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));

@@ -30,7 +30,7 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 /// A span of time, or none (`0` or `off`): how long rows are kept (`Off`: for ever), how
@@ -183,7 +183,7 @@ pub struct Pace {
 
 /// Deletes what [`Target`]s no longer keep, every [`Pace::interval`].
 pub struct Pruner {
-    database: tokio_postgres::Config,
+    database: crate::db::Config,
     targets: Vec<Target>,
     pace: Pace,
 }
@@ -231,11 +231,7 @@ impl Pruner {
     /// One pass over every target on a session of its own, if no other instance is
     /// pruning this database; cut short, between two batches, by `shutdown`.
     pub async fn pass(&self, shutdown: &CancellationToken) -> anyhow::Result<Pass> {
-        let (client, connection) = self
-            .database
-            .connect(NoTls)
-            .await
-            .context("cannot connect")?;
+        let (client, connection) = self.database.connect().await.context("cannot connect")?;
         tokio::spawn(connection);
         self.pass_on(&client, shutdown).await
         // The session ends with `client`, and the lock with it.

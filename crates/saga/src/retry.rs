@@ -29,8 +29,13 @@ impl Retry {
 
 /// Sorts PostgreSQL errors by SQLSTATE class: connection loss, conflicts and a server
 /// that is shutting down or out of resources heal by themselves; anything else is a
-/// surprise. The order API uses it too, to answer 503 rather than 500.
+/// surprise. The order API uses it too, to answer 503 rather than 500. A refused TLS
+/// handshake (an untrusted certificate, a wrong host name) has no SQLSTATE either, but
+/// recurs until DATABASE_URL changes: never retried.
 pub fn classify_postgres(error: &tokio_postgres::Error) -> Retry {
+    if crate::db::tls::refusal(error).is_some() {
+        return Retry::Never;
+    }
     let Some(state) = error.code() else {
         // No SQLSTATE: the connection broke or closed under us.
         return Retry::UntilItWorks;
