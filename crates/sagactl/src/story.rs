@@ -44,7 +44,7 @@ use rdkafka::message::OwnedMessage;
 use saga::{Topics, events};
 use serde::Serialize;
 use time::OffsetDateTime;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::Sources;
@@ -171,13 +171,11 @@ pub(crate) fn consumers(topics: &Topics) -> Vec<(String, &'static str, &'static 
 }
 
 async fn connect(url: &str) -> anyhow::Result<Client> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .with_context(|| format!("cannot connect to {}", saga::db::redacted(url)))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
+    let connected = match saga::db::parse_url(url) {
+        Ok(config) => saga::db::connect(&config).await,
+        Err(error) => Err(error),
+    };
+    connected.with_context(|| format!("cannot connect to {}", saga::db::redacted(url)))
 }
 
 /// The databases the story reads, one client each.
