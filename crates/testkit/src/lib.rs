@@ -438,3 +438,23 @@ pub fn envelope(id: &str, event_type: &str, order_id: Uuid, payload: serde_json:
     }))
     .unwrap()
 }
+
+/// The certificate of the test CA that signs PostgreSQL's, for `sslrootcert`:
+/// `SAGA_TEST_PG_CA`, or the copy `scripts/infra-up` keeps in the run folder
+/// (`SAGA_RUN_DIR`, or the checkout's `.run`).
+pub fn postgres_ca_file() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("SAGA_TEST_PG_CA") {
+        return path.into();
+    }
+    let run_dir = std::env::var_os("SAGA_RUN_DIR").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.run"),
+        std::path::PathBuf::from,
+    );
+    let path = run_dir.join("postgres-ca.crt");
+    assert!(
+        path.exists(),
+        "{} not found: scripts/infra-up makes it",
+        path.display()
+    );
+    path
+}

@@ -412,7 +412,9 @@ mod tests {
         let (_, read) =
             settings("postgres://u@h/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.crt")
                 .unwrap();
-        let error = read.connector().err().expect("a missing file is refused");
+        let Err(error) = read.connector() else {
+            panic!("a missing file is refused");
+        };
         assert_eq!(
             error.to_string(),
             "DATABASE_URL's sslrootcert /nonexistent/ca.crt cannot be used: No such file or directory (os error 2)"
