@@ -1,7 +1,8 @@
 //! Admission control through the real binaries: with payment-service held back, the
 //! order API accepts orders up to its cap of orders in flight, then refuses them (`503
 //! saga_behind`, `Retry-After`) without storing anything; once payment-service is back
-//! and the backlog drains, it accepts again, and every order accepted settles.
+//! and the backlog drains, it accepts again, and every order accepted settles. Two copies
+//! of order-service keep the one cap, and each measures the whole saga's settle rate.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -27,9 +28,14 @@ struct Answer {
 }
 
 async fn post(stack: &Stack, key: &str) -> Answer {
-    let (http, base) = stack.api();
+    post_to(stack, ORDER_SERVICE, key).await
+}
+
+/// A POST to one copy of order-service.
+async fn post_to(stack: &Stack, copy: &str, key: &str) -> Answer {
+    let (http, _) = stack.api();
     let response = http
-        .post(format!("{base}/v1/orders"))
+        .post(format!("{}/v1/orders", stack.url_of(copy)))
         .header("idempotency-key", format!("\"{key}\""))
         .json(&json!({ "customer_id": "cust-1", "items": [{ "product_id": KEYBOARD, "quantity": 1 }] }))
         .send()
@@ -59,26 +65,45 @@ async fn orders_stored(stack: &Stack) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_payment_service_held_back_orders_past_the_cap_are_refused_and_accepted_again_once_it_catches_up()
  {
+    let mut stack = held_back_stack().await;
+    held_back_rounds(&mut stack, &[ORDER_SERVICE]).await;
+}
+
+/// Two copies of order-service taking turns: refused at the one cap, as one copy is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_copies_taking_turns_refuse_orders_past_the_one_cap_with_payment_service_held_back() {
+    let mut stack = held_back_stack().await;
+    let started = stack.start_instance(ORDER_SERVICE, SECOND_COPY, None).await;
+    assert!(started.is_none(), "the second copy exited: {started:?}");
+    held_back_rounds(&mut stack, &[ORDER_SERVICE, SECOND_COPY]).await;
+}
+
+async fn held_back_stack() -> Stack {
     let cap = CAP.to_string();
-    let mut stack = Stack::start_with_env(&[
+    Stack::start_with_env(&[
         ("ADMISSION_MAX_IN_FLIGHT", &cap),
         ("ADMISSION_MAX_WAIT", "0s"),
         ("ADMISSION_POLL_INTERVAL", "250ms"),
     ])
-    .await;
-    let mut accepted: Vec<Uuid> = Vec::new();
+    .await
+}
 
+/// [`ROUNDS`] rounds of holding payment-service back, placing orders at `copies` in turn
+/// until one is refused, and letting it go; then every order accepted settles.
+async fn held_back_rounds(stack: &mut Stack, copies: &[&str]) {
+    let mut accepted: Vec<Uuid> = Vec::new();
     for round in 0..ROUNDS {
-        wait_for_an_empty_saga(&stack, &accepted).await;
+        wait_for_an_empty_saga(stack, copies, &accepted).await;
         assert!(
             stack.terminate_service(PAYMENT_SERVICE).await,
             "payment-service stops"
         );
-        let (placed, refused) = place_orders_until_refused(&stack, round, &mut accepted).await;
-        assert_refused_for_being_behind(&stack, round, placed, &refused, &accepted).await;
+        let (placed, refused) =
+            place_orders_until_refused(stack, copies, round, &mut accepted).await;
+        assert_refused_for_being_behind(stack, round, placed, &refused, &accepted).await;
 
         stack.start_service(PAYMENT_SERVICE).await;
-        let retried = accepted_again(&stack, round, placed).await;
+        let retried = accepted_again(stack, round, placed).await;
         assert!(
             retried.body["status"] == "pending",
             "a new order: {}",
@@ -95,23 +120,32 @@ async fn with_payment_service_held_back_orders_past_the_cap_are_refused_and_acce
         );
     }
     assert_eq!(
-        orders_stored(&stack).await,
+        orders_stored(stack).await,
         accepted.len() as i64,
         "every order accepted, and no other, is stored"
     );
 }
 
-/// Each round from an empty saga, as order-service counts it.
-async fn wait_for_an_empty_saga(stack: &Stack, accepted: &[Uuid]) {
+/// Each round from an empty saga, as every copy counts it.
+async fn wait_for_an_empty_saga(stack: &Stack, copies: &[&str], accepted: &[Uuid]) {
     for id in accepted {
         stack.settled_order(*id).await;
     }
+    counted_by(stack, copies, 0).await;
+}
+
+/// Until each of `copies` has counted `n` orders in flight.
+async fn counted_by(stack: &Stack, copies: &[&str], n: usize) {
     eventually(
         SETTLE,
-        "order-service to count no order in flight",
+        &format!("every copy to count {n} orders in flight"),
         || async {
-            let metrics = stack.metrics(ORDER_SERVICE).await;
-            (metrics.sum(ORDERS_IN_FLIGHT, &[]) == 0.0).then_some(())
+            for copy in copies {
+                if stack.metrics(copy).await.sum(ORDERS_IN_FLIGHT, &[]) != n as f64 {
+                    return None;
+                }
+            }
+            Some(())
         },
     )
     .await;
@@ -121,6 +155,7 @@ async fn wait_for_an_empty_saga(stack: &Stack, accepted: &[Uuid]) {
 /// returns how many were placed, and the refusal.
 async fn place_orders_until_refused(
     stack: &Stack,
+    copies: &[&str],
     round: usize,
     accepted: &mut Vec<Uuid>,
 ) -> (usize, Answer) {
@@ -130,7 +165,14 @@ async fn place_orders_until_refused(
     // the poll interval is long enough that at most one count falls in the burst).
     let mut placed = 0;
     let refused = loop {
-        let answer = post(stack, &format!("r{round}-{placed}")).await;
+        let copy = copies[placed % copies.len()];
+        if copies.len() > 1 {
+            // A copy learns of another's orders at its next count, as one copy knows its
+            // own at once: each waits for that count, or a burst over several copies
+            // would pass the cap by what the others placed since (see admission.rs).
+            counted_by(stack, copies, placed).await;
+        }
+        let answer = post_to(stack, copy, &format!("r{round}-{placed}")).await;
         if answer.status != 201 {
             break answer;
         }
@@ -187,28 +229,44 @@ async fn accepted_again(stack: &Stack, round: usize, placed: usize) -> Answer {
     .await
 }
 
+/// A second copy of order-service, which places no order in this test.
+const SECOND_COPY: &str = "order-service-2";
+
+/// Every copy measures the whole saga's settle rate: the copy that places none of the
+/// orders finds the same cap as the one that places them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cap_rises_past_its_floor_while_the_saga_settles_orders_and_falls_back_when_it_stops() {
+async fn every_copys_cap_rises_past_its_floor_while_the_saga_settles_orders_and_falls_back_when_it_stops()
+ {
     let floor = CAP.to_string();
     let mut stack = Stack::start_with_env(&[
         ("ADMISSION_MAX_IN_FLIGHT", &floor),
-        // Long, so that the few orders a second this test places are worth more than the
-        // floor.
-        ("ADMISSION_MAX_WAIT", "60s"),
-        ("ADMISSION_POLL_INTERVAL", "100ms"),
+        // The tens of orders a second this test settles are worth more than the floor in
+        // this wait; what a copy would make up from its own placements alone, the ups
+        // and downs of the count from one second to the next, is not.
+        ("ADMISSION_MAX_WAIT", "2s"),
+        ("ADMISSION_POLL_INTERVAL", "1s"),
     ])
     .await;
-    let limit = async |stack: &Stack| stack.metrics(ORDER_SERVICE).await.sum(ADMISSION_LIMIT, &[]);
-    // The first count sets it: the floor, as no rate is known yet.
+    let started = stack.start_instance(ORDER_SERVICE, SECOND_COPY, None).await;
+    assert!(started.is_none(), "the second copy exited: {started:?}");
+    let limits = async |stack: &Stack| {
+        let mut limits = Vec::new();
+        for copy in [ORDER_SERVICE, SECOND_COPY] {
+            limits.push(stack.metrics(copy).await.sum(ADMISSION_LIMIT, &[]));
+        }
+        limits
+    };
+    let floors = vec![CAP as f64; 2];
+    // The first count sets it: the floor, as nothing has settled yet.
     eventually(
         SETTLE,
-        "the cap to be its floor before any order",
-        || async { (limit(&stack).await == CAP as f64).then_some(()) },
+        "each copy's cap to be its floor before any order",
+        || async { (limits(&stack).await == floors).then_some(()) },
     )
     .await;
 
     let next = AtomicUsize::new(0);
-    eventually(SETTLE, "the cap to rise past its floor", || {
+    eventually(SETTLE, "each copy's cap to rise past its floor", || {
         let (stack, next) = (&stack, &next);
         async move {
             for _ in 0..5 {
@@ -220,19 +278,22 @@ async fn the_cap_rises_past_its_floor_while_the_saga_settles_orders_and_falls_ba
                     answer.body
                 );
             }
-            (limit(stack).await > CAP as f64).then_some(())
+            let limits = limits(stack).await;
+            limits.iter().all(|&limit| limit > CAP as f64).then_some(())
         }
     })
     .await;
 
-    // Nothing settles past a stopped payment-service: the rate decays, and the cap with
-    // it, down to the floor and no further.
+    // Nothing settles past a stopped payment-service: the window empties, and the caps
+    // fall down to the floor and no further.
     assert!(
         stack.terminate_service(PAYMENT_SERVICE).await,
         "payment-service stops"
     );
-    eventually(SETTLE, "the cap to fall back to its floor", || async {
-        (limit(&stack).await == CAP as f64).then_some(())
-    })
+    eventually(
+        SETTLE,
+        "each copy's cap to fall back to its floor",
+        || async { (limits(&stack).await == floors).then_some(()) },
+    )
     .await;
 }

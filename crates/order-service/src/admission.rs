@@ -18,11 +18,12 @@
 //! the second a refused client waits (`Retry-After: 1`): the backlog drains, the saga
 //! idles while its clients wait, and it settles only part of what it could. A cap worth
 //! more than that second keeps orders waiting for the saga, not the saga for orders. The
-//! rate comes from the counts themselves: what was in flight at one count, plus what
-//! was placed here since, less what is in flight at the next, settled in between.
-//! Another instance's orders are not among those placed here, so they make the rate
-//! look lower and the cap tighter, never looser. The floor is the cap while the rate is
-//! not known yet or the saga has stopped: then no rate would allow anything.
+//! rate is the orders settled in the last [`RATE_WINDOW`] by the database's clock
+//! (`settled_at`), counted in the same statement as those in flight: the whole saga's
+//! rate, so every copy of order-service finds the same cap. (Counting its own
+//! placements instead, each of N copies would see about 1/N of the rate, and the cap
+//! would sink to its floor.) The floor is the cap while the saga has stopped: then no
+//! rate would allow anything.
 //!
 //! A watcher counts the unsettled orders every `ADMISSION_POLL_INTERVAL`; every order
 //! placed here since the count began counts one more, so a burst cannot overshoot the
@@ -36,7 +37,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
 use deadpool_postgres::Pool;
@@ -69,8 +70,9 @@ const DEFAULT_MAX_IN_FLIGHT: u64 = 200;
 const DEFAULT_MAX_WAIT: &str = "1500ms";
 const DEFAULT_POLL_INTERVAL: &str = "200ms";
 
-/// How far back the settle rate looks: long enough to smooth one count's jitter, short
-/// enough that the cap follows the saga within a few seconds.
+/// How far back the settle rate looks: long enough to smooth a batch's jitter, short
+/// enough that the cap follows the saga within a few seconds, and that the count reads
+/// few rows.
 const RATE_WINDOW: Duration = Duration::from_secs(2);
 
 /// The flags' defaults, for code that builds the service without parsing them.
@@ -201,7 +203,6 @@ async fn watch(
     }
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut rate = SettleRate::default();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -210,11 +211,11 @@ async fn watch(
         // Read before the count's snapshot is taken: an order placed after this may be
         // in the count or not, and is added either way.
         let placed_then = admission.counts.placed.load(Ordering::Relaxed);
-        match count_in_flight(&pool).await {
-            Ok(n) => {
-                let per_second = rate.update(Instant::now(), n, placed_then);
-                let limit = admission.counted(n, placed_then, per_second);
-                metrics::gauge!(saga::metrics::ORDERS_IN_FLIGHT).set(n as f64);
+        match count(&pool).await {
+            Ok(Counted { in_flight, settled }) => {
+                let per_second = settled as f64 / RATE_WINDOW.as_secs_f64();
+                let limit = admission.counted(in_flight, placed_then, per_second);
+                metrics::gauge!(saga::metrics::ORDERS_IN_FLIGHT).set(in_flight as f64);
                 metrics::gauge!(saga::metrics::ADMISSION_LIMIT).set(limit as f64);
             }
             // The database down refuses orders by itself (503 `unavailable`); the last
@@ -224,38 +225,31 @@ async fn watch(
     }
 }
 
-/// Orders settled per second, from successive counts of those in flight, averaged over
-/// about [`RATE_WINDOW`].
-#[derive(Default)]
-struct SettleRate {
-    /// The last count: when it ended, what it found, and `placed` as it began.
-    last: Option<(Instant, u64, u64)>,
-    per_second: f64,
+/// One count of the saga's orders, whichever copy placed them.
+struct Counted {
+    /// Unsettled now.
+    in_flight: u64,
+    /// Settled in the last [`RATE_WINDOW`].
+    settled: u64,
 }
 
-impl SettleRate {
-    fn update(&mut self, now: Instant, pending: u64, placed_then: u64) -> f64 {
-        if let Some((then, pending_then, placed_before)) = self.last {
-            let seconds = now.duration_since(then).as_secs_f64();
-            if seconds > 0.0 {
-                let settled = (pending_then + placed_then.saturating_sub(placed_before))
-                    .saturating_sub(pending);
-                let weight = (seconds / RATE_WINDOW.as_secs_f64()).min(1.0);
-                self.per_second += weight * (settled as f64 / seconds - self.per_second);
-            }
-        }
-        self.last = Some((now, pending, placed_then));
-        self.per_second
-    }
-}
-
-async fn count_in_flight(pool: &Pool) -> anyhow::Result<u64> {
+async fn count(pool: &Pool) -> anyhow::Result<Counted> {
     let client = pool.get().await?;
-    // An index-only scan of the partial index `orders_unsettled`, as small as the count.
+    // Index-only scans of `orders_unsettled`, as small as the backlog, and of
+    // `orders_settled_at`, as small as the window's settled orders.
     let row = client
-        .query_one("SELECT count(*) FROM orders WHERE settled_at IS NULL", &[])
+        .query_one(
+            "SELECT (SELECT count(*) FROM orders WHERE settled_at IS NULL),
+                    (SELECT count(*) FROM orders
+                      WHERE settled_at > now() - make_interval(secs => $1))",
+            &[&RATE_WINDOW.as_secs_f64()],
+        )
         .await?;
-    Ok(row.get::<_, i64>(0).max(0) as u64)
+    let count = |column: usize| row.get::<_, i64>(column).max(0) as u64;
+    Ok(Counted {
+        in_flight: count(0),
+        settled: count(1),
+    })
 }
 
 #[cfg(test)]
@@ -320,22 +314,5 @@ mod tests {
         // The saga stopped: no rate allows anything, the floor still does.
         assert_eq!(admission.counted(600, 600, 0.0), 200);
         assert_eq!(admission.limit_at(f64::NAN), 200);
-    }
-
-    #[test]
-    fn the_settle_rate_is_what_was_in_flight_plus_what_was_placed_less_what_still_is() {
-        let start = Instant::now();
-        let mut rate = SettleRate::default();
-        assert_eq!(rate.update(start, 100, 0), 0.0, "one count says no rate");
-        // A window later: 100 in flight, 500 placed since, 120 in flight: 480 settled.
-        let later = start + RATE_WINDOW;
-        assert_eq!(rate.update(later, 120, 500), 240.0);
-        // A tenth of a window of nothing settled moves the rate a tenth of the way to 0.
-        let per_second = rate.update(later + RATE_WINDOW / 10, 120, 500);
-        assert!((per_second - 216.0).abs() < 1e-9, "{per_second}");
-        // More in flight than was placed here since (another instance's orders): no
-        // settled orders are made up, so the rate only falls.
-        let per_second = rate.update(later + RATE_WINDOW / 5, 200, 500);
-        assert!(per_second < 216.0, "{per_second}");
     }
 }
