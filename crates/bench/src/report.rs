@@ -175,12 +175,12 @@ pub struct Cancellations {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Traces {
     /// The steps exporting nothing, and those exporting every span (to a receiver that
-    /// drops them), in the order off, on, on, off.
+    /// drops them), in the order off, on, on, off, twice.
     pub off: Vec<Settled>,
     pub on: Vec<Settled>,
     pub off_per_second: f64,
     pub on_per_second: f64,
-    /// Spans the receiver got in the two steps exporting.
+    /// Spans the receiver got in the steps exporting.
     pub spans: u64,
     pub spans_per_order: f64,
 }

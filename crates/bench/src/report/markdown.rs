@@ -322,10 +322,10 @@ impl Report {
         let t = &self.traces;
         let rates = |steps: &[crate::report::Settled]| {
             let each: Vec<String> = steps.iter().map(|step| fmt(step.per_second)).collect();
-            each.join(" and ")
+            each.join(", ")
         };
         format!(
-            "\nTraces: the same backlog settled at {} orders/s exporting no span ({}), {} orders/s with every service exporting its spans with OTLP to a receiver that drops them ({}; steps off, on, on, off): {}% of the rate, {} spans, {:.1} per order.\n",
+            "\nTraces: the same backlog settled at {} orders/s exporting no span ({}), {} orders/s with every service exporting its spans with OTLP to a receiver that drops them ({}; steps off, on, on, off, twice): {}% of the rate, {} spans, {:.1} per order.\n",
             fmt(t.off_per_second),
             rates(&t.off),
             fmt(t.on_per_second),

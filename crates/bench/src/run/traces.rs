@@ -19,6 +19,10 @@ use super::cancellations::settled;
 use super::stack::{PROVIDER, SERVICES, Stack};
 use super::{Plan, log};
 
+/// Rounds of off, on, on, off: one step's noise (several percent) is as large as the
+/// difference looked for.
+const ROUNDS: usize = 2;
+
 pub(super) async fn traces(
     stack: &mut Stack,
     generator: &Arc<LoadGenerator>,
@@ -42,13 +46,16 @@ pub(super) async fn traces(
             .await;
         settled(databases, &tag, Duration::from_secs(300)).await
     };
-    let mut off = vec![settle(format!("bench{run_id}-traces-off1")).await?];
-    restart(stack, &exporting).await?;
-    let mut on = vec![settle(format!("bench{run_id}-traces-on1")).await?];
-    on.push(settle(format!("bench{run_id}-traces-on2")).await?);
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for round in 1..=ROUNDS {
+        off.push(settle(format!("bench{run_id}-traces{round}-off1")).await?);
+        restart(stack, &exporting).await?;
+        on.push(settle(format!("bench{run_id}-traces{round}-on1")).await?);
+        on.push(settle(format!("bench{run_id}-traces{round}-on2")).await?);
+        restart(stack, &[]).await?;
+        off.push(settle(format!("bench{run_id}-traces{round}-off2")).await?);
+    }
     let spans = sink.count();
-    restart(stack, &[]).await?;
-    off.push(settle(format!("bench{run_id}-traces-off2")).await?);
     let traces = Traces::new(off, on, spans);
     log(format!(
         "traces: {:.0} orders/s exporting nothing, {:.0} orders/s exporting every span ({} spans, {:.1} per order)",
