@@ -228,8 +228,12 @@ where
     let mut delays = crate::backoff::backoff();
     loop {
         match migrate().await {
+            // A refused TLS handshake (an untrusted certificate, a wrong host name)
+            // recurs until DATABASE_URL changes: said at once, not waited out.
             Err(DbError::Connect(error))
-                if crate::retry::classify_postgres(&error) == crate::retry::Retry::UntilItWorks =>
+                if tls::refusal(&error).is_none()
+                    && crate::retry::classify_postgres(&error)
+                        == crate::retry::Retry::UntilItWorks =>
             {
                 let delay = crate::backoff::next_delay(&mut delays);
                 let error = describe(&error);

@@ -30,12 +30,10 @@ impl Retry {
 /// Sorts PostgreSQL errors by SQLSTATE class: connection loss, conflicts and a server
 /// that is shutting down or out of resources heal by themselves; anything else is a
 /// surprise. The order API uses it too, to answer 503 rather than 500. A refused TLS
-/// handshake (an untrusted certificate, a wrong host name) has no SQLSTATE either, but
-/// recurs until DATABASE_URL changes: never retried.
+/// handshake has no SQLSTATE either: waited out like an outage once running (it is the
+/// server's or the settings' doing, never the event's), refused at start-up by
+/// [`crate::db::migrate_when_reachable`].
 pub fn classify_postgres(error: &tokio_postgres::Error) -> Retry {
-    if crate::db::tls::refusal(error).is_some() {
-        return Retry::Never;
-    }
     let Some(state) = error.code() else {
         // No SQLSTATE: the connection broke or closed under us.
         return Retry::UntilItWorks;
