@@ -34,6 +34,15 @@ KAFKA_HOME="$CACHE_DIR/kafka-$KAFKA_VERSION"
 KAFKA_LIBS="$KAFKA_HOME/libs"
 KAFKA_HOST=127.0.0.1
 KAFKA_PORT=9092
+# The single broker's second client listener: SASL_SSL, for trying the services
+# over TLS with a login (SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN). Its CA is
+# $KAFKA_TLS_DIR/ca.pem. $KAFKA_SASL_USER may do anything; $KAFKA_SASL_DENIED_USER
+# may log in and nothing else. Both have the password $KAFKA_SASL_PASSWORD.
+KAFKA_SASL_PORT=9094
+KAFKA_TLS_DIR="$RUN_DIR/kafka-tls"
+KAFKA_SASL_USER=saga
+KAFKA_SASL_DENIED_USER=saga-denied
+KAFKA_SASL_PASSWORD="${KAFKA_SASL_PASSWORD:-saga-kafka-pw}"
 # Kafka runs in one of two modes, chosen with the scripts' --brokers N (or
 # SAGA_KAFKA_BROKERS, which --brokers sets for whatever a script starts):
 #   1  the default: one broker on $KAFKA_PORT (deploy/kafka/server.properties),

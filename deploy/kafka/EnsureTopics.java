@@ -10,7 +10,8 @@
 // separated) is among the brokers the cluster serves with, then lists the
 // topics, which succeeds only once a broker answers metadata requests. The
 // replication factor is the brokers' default.replication.factor, which the
-// mode's properties file sets.
+// mode's properties file sets. With -Dscram.users it also adds the SASL users
+// (ensureScramUsers).
 
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -26,6 +27,11 @@ import java.util.concurrent.ExecutionException;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.admin.ScramCredentialInfo;
+import org.apache.kafka.clients.admin.ScramMechanism;
+import org.apache.kafka.clients.admin.UserScramCredentialAlteration;
+import org.apache.kafka.clients.admin.UserScramCredentialUpsertion;
+import org.apache.kafka.clients.admin.UserScramCredentialsDescription;
 import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.common.Node;
 import org.apache.kafka.common.errors.InvalidReplicationFactorException;
@@ -122,6 +128,11 @@ public class EnsureTopics {
                 d.partitions().forEach(p -> replicas.add(p.replicas().size()));
             }
 
+            String users = System.getProperty("scram.users", "");
+            if (!users.isEmpty()) {
+                ensureScramUsers(admin, users.split(","), System.getProperty("scram.password"));
+            }
+
             System.out.println("topics created: " + (created.isEmpty() ? "none" : String.join(", ", created))
                     + "; already present: " + (wanted.size() - created.size())
                     + "; replicas per partition: " + replicas + "; brokers serving: " + serving);
@@ -130,6 +141,32 @@ public class EnsureTopics {
                         + String.join("; ", mismatched));
             }
         }
+    }
+
+    // The SASL users (-Dscram.users, comma separated, all with -Dscram.password),
+    // each with a SCRAM-SHA-256 and a SCRAM-SHA-512 credential. Only missing ones
+    // are added: the users live in the cluster's metadata, so a data folder
+    // formatted before they existed gets them here, and a second run changes
+    // nothing (a credential written again would get a new salt).
+    static void ensureScramUsers(Admin admin, String[] users, String password) throws Exception {
+        Map<String, UserScramCredentialsDescription> existing =
+                admin.describeUserScramCredentials().all().get();
+        List<String> added = new ArrayList<>();
+        // One request per mechanism: a request may alter each user once.
+        for (ScramMechanism mechanism : List.of(ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)) {
+            List<UserScramCredentialAlteration> missing = new ArrayList<>();
+            for (String user : users) {
+                UserScramCredentialsDescription has = existing.get(user);
+                if (has == null || has.credentialInfos().stream().noneMatch(i -> i.mechanism() == mechanism)) {
+                    missing.add(new UserScramCredentialUpsertion(user, new ScramCredentialInfo(mechanism, 8192), password));
+                    added.add(user + " (" + mechanism.mechanismName() + ")");
+                }
+            }
+            if (!missing.isEmpty()) {
+                admin.alterUserScramCredentials(missing).all().get();
+            }
+        }
+        System.out.println("SASL users added: " + (added.isEmpty() ? "none" : String.join(", ", added)));
     }
 
     // The controller acknowledges a new topic once it is in the metadata log;
