@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Runs a service's binary with its `build` and `run_until_stopped`. The settings are
 /// read before logging starts, so `--help` and a bad flag print nothing else; `--help`
-/// ends with the shutdown and OpenTelemetry variables every service reads.
+/// ends with the Kafka client, shutdown and OpenTelemetry variables every service reads.
 pub async fn run<C, A, Built, Stopped>(
     build: impl FnOnce(C) -> Built,
     run_until_stopped: impl FnOnce(A, CancellationToken) -> Stopped,
@@ -18,14 +18,22 @@ where
     Built: Future<Output = anyhow::Result<A>>,
     Stopped: Future<Output = anyhow::Result<()>>,
 {
-    let help = format!(
-        "{}\n\n{}",
-        crate::shutdown::HELP,
-        crate::telemetry::OTEL_HELP
-    );
-    let command = C::command().after_help(help);
+    let command = C::command();
+    // A binary that talks to Kafka (has KAFKA_BROKERS) reads the client properties too.
+    let kafka = command
+        .get_arguments()
+        .any(|arg| arg.get_id() == "kafka_brokers");
+    let mut help = Vec::new();
+    if kafka {
+        help.push(crate::kafka::client::HELP);
+    }
+    help.extend([crate::shutdown::HELP, crate::telemetry::OTEL_HELP]);
+    let command = command.after_help(help.join("\n\n"));
     let service = command.get_name().to_owned();
     let config = C::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit());
+    if kafka {
+        crate::kafka::client::init_from_env()?;
+    }
     let delay = crate::shutdown::delay_from_env()?;
     let telemetry = crate::telemetry::init_service(&service)?;
     let shutdown = crate::shutdown::on_signal(delay);

@@ -1,9 +1,12 @@
 //! Topic and group names, and the Kafka client settings the saga relies on.
 
+pub mod client;
+
+pub use client::config as client_config;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -66,10 +69,9 @@ impl Topics {
 }
 
 /// Settings for a producer that neither duplicates nor reorders on its own retries.
-pub fn idempotent_producer(brokers: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
+pub fn idempotent_producer(brokers: &str) -> rdkafka::ClientConfig {
+    let mut config = client_config(brokers);
     config
-        .set("bootstrap.servers", brokers)
         // librdkafka (2.12) already defaults to acks=all and forces it when idempotence is
         // on, and refuses to create a producer whose settings contradict it; stated here
         // because "acknowledged" must mean "in every in-sync replica", which is what lets a
@@ -100,9 +102,7 @@ pub async fn create_topics(
     topics: &[String],
     partitions: i32,
 ) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> = client_config(brokers).create()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|name| NewTopic::new(name, partitions, BROKER_DEFAULT_REPLICATION))
@@ -126,9 +126,7 @@ pub async fn await_topics(
     topics: &[String],
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    let client: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
+    let client: BaseConsumer = client_config(brokers).create()?;
     let topics = topics.to_vec();
     // fetch_metadata blocks: off the runtime's workers.
     tokio::task::spawn_blocking(move || {
@@ -162,8 +160,7 @@ pub async fn await_topics(
 /// consumer that joins no group and commits nothing. Blocks: call it off the runtime's
 /// workers. Reads what is retained, so its cost grows with the topic.
 pub fn read_topic(brokers: &str, topic: &str) -> anyhow::Result<Vec<OwnedMessage>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let consumer: BaseConsumer = client_config(brokers)
         // Required by the client, used for nothing: the partitions are assigned by hand.
         .set("group.id", "order-saga-reader")
         .set("enable.auto.commit", "false")
@@ -204,8 +201,7 @@ pub fn committed_and_end(
     group: &str,
     topic: &str,
 ) -> anyhow::Result<BTreeMap<i32, (i64, i64)>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let consumer: BaseConsumer = client_config(brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()?;

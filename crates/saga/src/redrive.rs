@@ -26,7 +26,7 @@ use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
 use rdkafka::message::{Header, Headers, Message as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::kafka::header;
 
@@ -111,8 +111,7 @@ fn redrive_blocking(
     group: &str,
     mut send: impl FnMut(&[DeadLetter]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Redriven> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let consumer: BaseConsumer = crate::kafka::client_config(brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")

@@ -26,7 +26,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
@@ -302,9 +301,7 @@ pub async fn longest_topic_retention(
     brokers: &str,
     topics: &[String],
 ) -> Result<Option<Duration>, CheckError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> = crate::kafka::client_config(brokers).create()?;
     let resources: Vec<ResourceSpecifier<'_>> = topics
         .iter()
         .map(|t| ResourceSpecifier::Topic(t.as_str()))

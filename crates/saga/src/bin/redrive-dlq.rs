@@ -10,7 +10,7 @@ use clap::Parser;
 /// run again: it commits each record once the broker acknowledged its copy, and a record
 /// sent back twice is stopped by the consumer's inbox.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, after_help = saga::kafka::client::HELP)]
 struct Args {
     /// The dead-letter topic, e.g. `payments.order-service.dlq`.
     dead_letter_topic: String,
@@ -28,6 +28,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    saga::kafka::client::init_from_env()?;
     saga::telemetry::init();
     let group = args
         .group

@@ -11,7 +11,6 @@ use ::metrics::gauge;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use rdkafka::client::ClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{Message, OwnedMessage};
@@ -147,8 +146,7 @@ pub(super) type SagaConsumer = StreamConsumer<SagaConsumerContext>;
 /// The client for `settings`, not yet subscribed.
 pub(super) fn connect(settings: &ConsumerSettings) -> KafkaResult<Arc<SagaConsumer>> {
     Ok(Arc::new(
-        ClientConfig::new()
-            .set("bootstrap.servers", &settings.brokers)
+        crate::kafka::client_config(&settings.brokers)
             .set("group.id", &settings.group_id)
             .set("enable.auto.commit", "true")
             .set("auto.commit.interval.ms", "1000")

@@ -9,7 +9,11 @@ use sagactl::{Sources, render};
 use uuid::Uuid;
 
 #[derive(Debug, Parser)]
-#[command(version, about = "What the saga did with an order, and what is stuck")]
+#[command(
+    version,
+    about = "What the saga did with an order, and what is stuck",
+    after_help = saga::kafka::client::HELP
+)]
 struct Cli {
     #[command(flatten)]
     sources: Sources,
@@ -67,6 +71,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    saga::kafka::client::init_from_env()?;
     let print = |text: String, json: serde_json::Value| {
         if cli.json {
             println!("{json:#}");
