@@ -1,8 +1,10 @@
 //! Topic and group names, and the Kafka client settings the saga relies on.
 
 pub mod client;
+mod startup;
 
 pub use client::config as client_config;
+pub use startup::{await_broker, denied};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

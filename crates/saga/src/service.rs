@@ -120,8 +120,9 @@ impl Service {
         self.kafka.topics()
     }
 
-    /// Checks the inbox's window against the retention of the topics the consumer reads,
-    /// then runs the HTTP server (`router` plus `/health`), the outbox relay, the pruner
+    /// Waits for the broker to serve the topics the consumer reads (stopping at once on a
+    /// refused login, certificate or topic, [`crate::kafka::await_broker`]), checks the
+    /// inbox's window against their retention, then runs the HTTP server (`router` plus `/health`), the outbox relay, the pruner
     /// and the consumer until `shutdown`. If any of them fails, the others are stopped too
     /// and the error is returned, so a supervisor sees the service die rather than limp.
     pub async fn run<H: Handler>(
@@ -132,9 +133,13 @@ impl Service {
     ) -> anyhow::Result<()> {
         let topics = self.topics();
         let dead_letters = topics.dead_letter(&subscription.topic, self.name);
-        let inbox = self
-            .inbox_window(&[subscription.topic.clone(), dead_letters.clone()])
-            .await?;
+        let read = [subscription.topic.clone(), dead_letters.clone()];
+        if !crate::kafka::await_broker(&self.kafka.kafka_brokers, &read, &shutdown).await? {
+            return Ok(());
+        }
+        let Some(inbox) = self.inbox_window(&read, &shutdown).await? else {
+            return Ok(());
+        };
         let settings = ConsumerSettings {
             batch_size: self.kafka.consumer_batch_size,
             ..ConsumerSettings::new(
@@ -208,10 +213,15 @@ impl Service {
     }
 
     /// The inbox's window, checked against the retention of `topics` (waiting, with
-    /// backoff, for a broker that cannot be reached yet or does not serve them yet).
-    async fn inbox_window(&self, topics: &[String]) -> anyhow::Result<Window> {
+    /// backoff, for a broker that cannot be reached for a moment); `None` if `shutdown`
+    /// came first.
+    async fn inbox_window(
+        &self,
+        topics: &[String],
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Option<Window>> {
         if self.retention.pruning.prune_interval == Window::Off {
-            return Ok(Window::Off);
+            return Ok(Some(Window::Off));
         }
         let mut delays = backoff::backoff();
         loop {
@@ -222,15 +232,24 @@ impl Service {
             )
             .await
             {
-                Err(
-                    error @ (retention::CheckError::Unreachable(_)
-                    | retention::CheckError::UnknownTopic(_)),
-                ) => {
+                // The broker served these topics a moment ago (await_broker): one whose
+                // configuration comes back empty is one this client may describe but not
+                // DescribeConfigs, which no wait will change.
+                Err(retention::CheckError::UnknownTopic(topic)) => {
+                    anyhow::bail!(crate::kafka::denied(
+                        &topic,
+                        crate::kafka::client::properties()
+                    ))
+                }
+                Err(error @ retention::CheckError::Unreachable(_)) => {
                     let delay = backoff::next_delay(&mut delays);
                     tracing::warn!(%error, retry_in = ?delay, "waiting to check the inbox's window against the topics' retention");
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
                 }
-                other => return Ok(other?),
+                other => return Ok(Some(other?)),
             }
         }
     }

@@ -1,0 +1,173 @@
+//! The wait for the broker at start-up, and the errors that end it: a service waits (with
+//! backoff, until SIGTERM) for a broker that is down or topics not created yet, but a
+//! refused login, an untrusted certificate or a denied topic will not heal by waiting,
+//! so each stops the service at once, naming the `KAFKA_CLIENT_*` setting to fix.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer as _, ProducerContext};
+use tokio_util::sync::CancellationToken;
+
+use super::client::{self, ClientProperties};
+
+/// Remembers the last error librdkafka reported about its connections, which a failed
+/// request does not carry (a metadata request just times out when the login is refused).
+#[derive(Default)]
+struct LastError(Mutex<Option<(RDKafkaErrorCode, String)>>);
+
+impl ClientContext for LastError {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(code) = error.rdkafka_error_code() {
+            self.remember(code, reason);
+        }
+        DefaultClientContext.error(error, reason);
+    }
+
+    // A connection's failure is logged at once, but reported as an error only after a
+    // few of the same (a certificate that fails verification, never): read from the log.
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        if facility == "FAIL" {
+            if message.contains(UNTRUSTED) {
+                self.remember(RDKafkaErrorCode::SSL, message);
+            } else if message.contains("SASL authentication error") {
+                self.remember(RDKafkaErrorCode::Authentication, message);
+            }
+        }
+        DefaultClientContext.log(level, facility, message);
+    }
+}
+
+impl LastError {
+    fn remember(&self, code: RDKafkaErrorCode, reason: &str) {
+        *self.0.lock().expect("never poisoned") = Some((code, reason.to_owned()));
+    }
+}
+
+/// What OpenSSL says of a certificate no trusted CA signed.
+const UNTRUSTED: &str = "certificate verify failed";
+
+/// A producer only for its connections: it sends nothing.
+impl ProducerContext for LastError {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
+}
+
+/// What one look at the broker found.
+enum Look {
+    Ready,
+    /// Worth waiting for: why not yet.
+    NotYet(String),
+}
+
+/// Returns `Ok(true)` once the broker answers this process's client settings and serves
+/// every one of `topics`; `Ok(false)` if `shutdown` came first; an error, at once, for
+/// what waiting cannot fix.
+pub async fn await_broker(
+    brokers: &str,
+    topics: &[String],
+    shutdown: &CancellationToken,
+) -> anyhow::Result<bool> {
+    let producer: BaseProducer<LastError> =
+        client::config(brokers).create_with_context(LastError::default())?;
+    let producer = std::sync::Arc::new(producer);
+    let mut delays = crate::backoff::backoff();
+    loop {
+        let (producer, topics) = (producer.clone(), topics.to_vec());
+        // fetch_metadata blocks: off the runtime's workers.
+        let look = tokio::task::spawn_blocking(move || look(&producer, &topics));
+        let why = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(false),
+            look = look => match look?? {
+                Look::Ready => return Ok(true),
+                Look::NotYet(why) => why,
+            },
+        };
+        let delay = crate::backoff::next_delay(&mut delays);
+        tracing::warn!(%brokers, why, retry_in = ?delay, "waiting for the broker");
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(false),
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+fn look(producer: &BaseProducer<LastError>, topics: &[String]) -> anyhow::Result<Look> {
+    let properties = client::properties();
+    for topic in topics {
+        let metadata = producer
+            .client()
+            // Short: a refused connection is only known once this returns. The
+            // connection outlives it, so a slow first login is not begun again.
+            .fetch_metadata(Some(topic), Duration::from_secs(2));
+        // Hands the connections' errors reported meanwhile to the context.
+        producer.poll(Duration::ZERO);
+        let last = producer.context().0.lock().expect("never poisoned").take();
+        if let Some((code, reason)) = last
+            && let Some(error) = refused(code, &reason, properties)
+        {
+            return Err(anyhow::Error::msg(reason).context(error));
+        }
+        let metadata = match metadata {
+            Ok(metadata) => metadata,
+            Err(error) => return Ok(Look::NotYet(error.to_string())),
+        };
+        let Some(served) = metadata.topics().first() else {
+            return Ok(Look::NotYet(format!("no metadata for topic {topic}")));
+        };
+        match served.error().map(RDKafkaErrorCode::from) {
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
+                anyhow::bail!(denied(topic, properties))
+            }
+            Some(code) => return Ok(Look::NotYet(format!("topic {topic}: {code}"))),
+            None if served.partitions().iter().any(|p| p.leader() < 0) => {
+                return Ok(Look::NotYet(format!(
+                    "topic {topic} has a partition with no leader"
+                )));
+            }
+            None => {}
+        }
+    }
+    Ok(Look::Ready)
+}
+
+/// The error for a connection error that waiting will not fix, if it is one.
+fn refused(code: RDKafkaErrorCode, reason: &str, properties: &ClientProperties) -> Option<String> {
+    match code {
+        RDKafkaErrorCode::Authentication => Some(format!(
+            "Kafka refused the login of {user} with {mechanism}: check {password}, {username} \
+             and {mechanism_variable}",
+            user = properties.get("sasl.username").unwrap_or("(no user)"),
+            mechanism = properties.get("sasl.mechanism").unwrap_or("GSSAPI"),
+            password = properties.variable("sasl.password"),
+            username = properties.variable("sasl.username"),
+            mechanism_variable = properties.variable("sasl.mechanism"),
+        )),
+        RDKafkaErrorCode::SSL if reason.contains(UNTRUSTED) => Some(format!(
+            "Kafka's certificate is not trusted: set {} to the certificate of the CA that \
+             signed the broker's",
+            properties.variable("ssl.ca.location"),
+        )),
+        RDKafkaErrorCode::SSL => Some(format!(
+            "the TLS handshake with Kafka failed: check the {}SSL_* settings",
+            client::PREFIX,
+        )),
+        _ => None,
+    }
+}
+
+/// The error for a topic the broker will not describe to this client.
+pub fn denied(topic: &str, properties: &ClientProperties) -> String {
+    let who = match properties.get("sasl.username") {
+        Some(user) => format!("User:{user} ({})", properties.variable("sasl.username")),
+        None => "this client".to_owned(),
+    };
+    format!(
+        "Kafka denies {who} access to topic {topic}: grant it Describe, DescribeConfigs, \
+         Read and Write on the saga's topics and Read on its consumer groups, or log in \
+         as a user who has them"
+    )
+}
