@@ -25,6 +25,17 @@ pub(crate) fn variables_read_by(binary: &str) -> BTreeSet<String> {
     read
 }
 
+/// The prefixes of the variables `binary` reads a family of, as its `--help` lists them:
+/// `KAFKA_CLIENT_` for `KAFKA_CLIENT_<PROPERTY>` (saga::kafka::client).
+pub(crate) fn prefixes_read_by(binary: &str) -> BTreeSet<String> {
+    static PREFIX: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"\b([A-Z][A-Z0-9_]*_)<[A-Z]+>").unwrap());
+    PREFIX
+        .captures_iter(&help(binary))
+        .map(|c| c[1].to_owned())
+        .collect()
+}
+
 /// The variables that `saga::telemetry` reads outside clap: `std::env::var("NAME")`,
 /// `RUST_LOG` when it builds its filter from tracing-subscriber's default variable, and
 /// the standard OpenTelemetry ones once the saga library exports spans over OTLP (the

@@ -150,7 +150,12 @@ const PLACE_SPECIFIC: [&str; 8] = [
 /// on the services (docs/cluster.md, "Kafka over TLS and SASL").
 fn native_only(key: &str) -> bool {
     key.starts_with("listener.name.sasl_ssl.")
-        || ["sasl.enabled.mechanisms", "authorizer.class.name", "super.users"].contains(&key)
+        || [
+            "sasl.enabled.mechanisms",
+            "authorizer.class.name",
+            "super.users",
+        ]
+        .contains(&key)
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 use saga_e2e::workspace_root;
 
-use crate::binaries::{variables_read_by, workspace_binaries};
+use crate::binaries::{prefixes_read_by, variables_read_by, workspace_binaries};
 use crate::lib_sh::LibSh;
 use crate::yaml::{Compose, Node, environment, text};
 use crate::{DOCKERFILE, read};
@@ -50,10 +50,12 @@ fn every_environment_variable_a_service_sets_is_one_its_binary_reads() {
     for (name, service) in compose.built_services() {
         let binary = compose.binary(name);
         let read = variables_read_by(binary);
+        let prefixes = prefixes_read_by(binary);
         for variable in environment(service).keys() {
             assert!(
-                read.contains(variable),
-                "{name} sets {variable}, which {binary} does not read; it reads {read:?}"
+                read.contains(variable) || prefixes.iter().any(|p| variable.starts_with(p)),
+                "{name} sets {variable}, which {binary} does not read; it reads {read:?} \
+                 and every variable starting with one of {prefixes:?}"
             );
         }
     }
@@ -110,6 +112,21 @@ fn only_the_services_that_read_kafka_settings_are_given_them() {
         assert_eq!(
             reads, sets,
             "{name}: reads KAFKA_BROKERS {reads}, is given it {sets}"
+        );
+    }
+}
+
+/// Every binary that talks to Kafka lists the `KAFKA_CLIENT_` prefix in its `--help` (the
+/// TLS and SASL settings a compose file or a chart may set), and no other does.
+#[test]
+fn the_binaries_that_read_kafka_settings_take_client_properties_under_one_prefix() {
+    for binary in workspace_binaries() {
+        let reads = variables_read_by(&binary).contains("KAFKA_BROKERS");
+        let prefixes = prefixes_read_by(&binary);
+        assert_eq!(
+            prefixes.contains("KAFKA_CLIENT_"),
+            reads,
+            "{binary}: reads KAFKA_BROKERS {reads}, lists the prefixes {prefixes:?}"
         );
     }
 }
