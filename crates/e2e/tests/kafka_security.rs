@@ -92,6 +92,8 @@ impl Alone {
             .env("KAFKA_NAMESPACE", &namespace)
             .env("HTTP_ADDR", "127.0.0.1:0")
             .env("RUST_LOG", "info")
+            // What a user sees: no backtrace after the error, whatever the shell has.
+            .env_remove("RUST_BACKTRACE")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
