@@ -24,6 +24,8 @@
 //! - [`retention`]: the [`retention::Pruner`] that keeps the inbox, the outbox and the
 //!   idempotency keys bounded, and the start-up check of the inbox's window against the
 //!   topics' retention.
+//! - [`lease`]: what makes the relay, the pruner and the deadline sweeper one per
+//!   database, and how soon a standby takes over from a holder that froze or vanished.
 //! - [`failpoint`]: where the fault suite makes a service die on purpose; off unless
 //!   `FAILPOINTS` arms them.
 //! - [`redrive`]: sends dead letters back to their topics once the cause is fixed (the
@@ -51,6 +53,7 @@ pub mod http;
 pub mod idempotency;
 pub mod inbox;
 pub mod kafka;
+pub mod lease;
 pub mod local_relay;
 pub mod metrics;
 pub mod outbox;

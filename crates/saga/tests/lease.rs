@@ -1,0 +1,209 @@
+//! The singletons' lease against a real PostgreSQL: a standby takes over from a frozen
+//! holder within the bound, and the holder, thawed, can no longer act under it.
+//!
+//! A frozen holder is a lease held on a runtime of its own, on a thread of its own, whose
+//! only thread is then blocked: its heartbeat and its connection are not polled, while
+//! its socket stays open and its kernel keeps answering, as with SIGSTOP.
+
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use saga::lease::Lease;
+use saga_testkit::TestDatabase;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+const KEY: i64 = 0x7465_7374; // "test"
+const LEASE: Duration = Duration::from_secs(2);
+const ROUNDS: usize = 5;
+/// Beyond the bound, what a loaded 2-core machine may add to a standby's try.
+const SLACK: Duration = Duration::from_secs(1);
+
+fn lease(db: &TestDatabase) -> Lease {
+    let database = saga::db::parse_url(&db.url).unwrap();
+    Lease::new(&database, KEY, "test singleton", LEASE)
+}
+
+/// What the holder finds once thawed.
+struct Thawed {
+    is_held: bool,
+    /// Whether a statement on the lease's session still ran.
+    session_works: bool,
+}
+
+/// A holder of `lease` on a thread of its own. It reports when it holds the lease, then
+/// freezes when told and, when thawed, reports what it finds.
+struct Holder {
+    acquired: oneshot::Receiver<()>,
+    freeze: std_mpsc::Sender<std_mpsc::Receiver<()>>,
+    thawed: oneshot::Receiver<Thawed>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Holder {
+    fn start(lease: Lease) -> Self {
+        let (acquired_tx, acquired) = oneshot::channel();
+        let (freeze, frozen_by) = std_mpsc::channel::<std_mpsc::Receiver<()>>();
+        let (thawed_tx, thawed) = oneshot::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let held = lease
+                    .acquire(&CancellationToken::new())
+                    .await
+                    .unwrap()
+                    .expect("no shutdown");
+                acquired_tx.send(()).unwrap();
+                // Lets the heartbeat run until told to freeze.
+                let thaw = loop {
+                    match frozen_by.try_recv() {
+                        Ok(thaw) => break thaw,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                };
+                // Blocks the runtime's only thread: nothing of this holder runs.
+                thaw.recv().unwrap();
+                let is_held = held.is_held();
+                let session_works = held.client().simple_query("SELECT 1").await.is_ok();
+                thawed_tx
+                    .send(Thawed {
+                        is_held,
+                        session_works,
+                    })
+                    .unwrap_or_else(|_| panic!("the test waits"));
+            });
+        });
+        Self {
+            acquired,
+            freeze,
+            thawed,
+            thread,
+        }
+    }
+
+    /// Freezes the holder; returns what thaws it.
+    fn freeze(&self) -> std_mpsc::Sender<()> {
+        let (thaw, thawed_by) = std_mpsc::channel();
+        self.freeze.send(thawed_by).unwrap();
+        thaw
+    }
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_within_the_bound_from_a_frozen_holder_which_thawed_holds_nothing() {
+    let db = TestDatabase::empty().await;
+    let lease = lease(&db);
+    let mut takeovers = Vec::new();
+    for round in 1..=ROUNDS {
+        let mut holder = Holder::start(lease.clone());
+        (&mut holder.acquired)
+            .await
+            .expect("the holder takes the lease");
+        let standby_lease = lease.clone();
+        let standby = tokio::spawn(async move {
+            let held = standby_lease
+                .acquire(&CancellationToken::new())
+                .await
+                .unwrap()
+                .expect("no shutdown");
+            (Instant::now(), held)
+        });
+
+        let thaw = holder.freeze();
+        let frozen_at = Instant::now();
+        let (took_over_at, held) = tokio::time::timeout(lease.bound() + SLACK, standby)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "round {round}: no takeover within {:?}",
+                    lease.bound() + SLACK
+                )
+            })
+            .unwrap();
+        let takeover = took_over_at - frozen_at;
+        // The holder's last heartbeat was at most a third of the lease before the freeze.
+        assert!(
+            takeover >= LEASE * 2 / 3 - Duration::from_millis(100),
+            "round {round}: taken over after {takeover:?}, before the lease could run out"
+        );
+        assert!(held.is_held(), "round {round}: the standby holds the lease");
+        takeovers.push(takeover);
+
+        thaw.send(()).unwrap();
+        let thawed = (&mut holder.thawed).await.unwrap();
+        assert!(
+            !thawed.is_held,
+            "round {round}: the thawed holder believes it holds"
+        );
+        assert!(
+            !thawed.session_works,
+            "round {round}: the thawed holder's session still runs statements"
+        );
+        holder.thread.join().unwrap();
+        drop(held);
+    }
+    println!(
+        "takeovers from a frozen holder (lease {LEASE:?}, bound {:?}): {takeovers:?}",
+        lease.bound()
+    );
+}
+
+#[tokio::test]
+async fn a_live_holder_keeps_its_lease_for_many_leases_and_a_standby_waits() {
+    let db = TestDatabase::empty().await;
+    let lease = lease(&db);
+    let held = lease
+        .acquire(&CancellationToken::new())
+        .await
+        .unwrap()
+        .unwrap();
+    let standby_lease = lease.clone();
+    let standby = tokio::spawn(async move {
+        standby_lease
+            .acquire(&CancellationToken::new())
+            .await
+            .unwrap()
+    });
+
+    // Three leases long, the holder's session would have idled out three times over
+    // without its heartbeat.
+    let waited = tokio::time::timeout(LEASE * 3, async {
+        while !standby.is_finished() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_err(), "the standby took a live holder's lease");
+    assert!(held.is_held());
+    held.client().simple_query("SELECT 1").await.unwrap();
+
+    // Released on drop: the standby holds it within a try.
+    drop(held);
+    let took = tokio::time::timeout(lease.retry_interval() + SLACK, standby)
+        .await
+        .expect("the standby takes a released lease within a try")
+        .unwrap();
+    assert!(took.is_some_and(|held| held.is_held()));
+}
+
+#[tokio::test]
+async fn only_one_of_many_contenders_holds_the_lease_at_a_time() {
+    let db = TestDatabase::empty().await;
+    let lease = lease(&db);
+    for _ in 0..ROUNDS {
+        let tries = (0..8).map(|_| {
+            let lease = lease.clone();
+            tokio::spawn(async move { lease.try_acquire().await.unwrap() })
+        });
+        let held: Vec<_> = futures::future::join_all(tries)
+            .await
+            .into_iter()
+            .filter_map(|held| held.unwrap())
+            .collect();
+        assert_eq!(held.len(), 1, "contenders holding the lease at once");
+        held.into_iter().next().unwrap().release().await.unwrap();
+    }
+}
