@@ -13,12 +13,15 @@
 //!
 //! Correctness comes from the rows' locks: the sweep's update changes an order only if
 //! it is still pending under the lock, and skips one another sweep holds. More than one
-//! sweep at a time (several instances of the service) is only wasted work.
+//! sweep at a time would only be wasted work, so one copy of the service sweeps, holding
+//! the sweeper's [`saga::lease`], and the others wait as standbys; a sweep that finds
+//! the lease lost stops before its next batch.
 
 use std::time::Duration;
 
 use clap::Args;
 use deadpool_postgres::Pool;
+use saga::lease::{Held, Lease};
 use saga::{LocalRelay, Topics};
 use tokio_util::sync::CancellationToken;
 
@@ -52,25 +55,45 @@ fn interval(timeout: Duration) -> Duration {
     (timeout / 10).clamp(Duration::from_millis(100), Duration::from_secs(30))
 }
 
-/// Sweeps for overdue orders until `shutdown`; does nothing when the deadline is off.
+/// The deadline sweeper's lease.
+pub const DEADLINE_LOCK: i64 = 0x6465_6164_6c69_6e65; // "deadline"
+
+/// Sweeps for overdue orders while holding `lease`, until `shutdown`; does nothing when
+/// the deadline is off.
 pub async fn sweep(
     pool: Pool,
     relay: LocalRelay,
     topics: Topics,
     config: DeadlineConfig,
+    lease: Lease,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let timeout = config.order_payment_timeout;
     if timeout.is_zero() {
         return Ok(());
     }
+    while let Some(held) = lease.hold(&shutdown).await {
+        sweep_while_held(&pool, &relay, &topics, timeout, &held, &shutdown).await;
+    }
+    Ok(())
+}
+
+async fn sweep_while_held(
+    pool: &Pool,
+    relay: &LocalRelay,
+    topics: &Topics,
+    timeout: Duration,
+    held: &Held,
+    shutdown: &CancellationToken,
+) {
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
+            () = shutdown.cancelled() => return,
+            () = held.lost() => return,
             () = tokio::time::sleep(interval(timeout)) => {}
         }
-        loop {
-            match cancel::cancel_overdue(&pool, Some(&relay), &topics, timeout, BATCH).await {
+        while held.is_held() {
+            match cancel::cancel_overdue(pool, Some(relay), topics, timeout, BATCH).await {
                 Ok(cancelled) => {
                     if !cancelled.is_empty() {
                         tracing::info!(

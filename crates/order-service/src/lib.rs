@@ -121,6 +121,8 @@ impl Application {
                 self.service.relay.clone(),
                 topics.clone(),
                 self.deadline,
+                self.service
+                    .lease(deadline::DEADLINE_LOCK, "deadline sweeper")?,
                 shutdown.clone(),
             ),
         );

@@ -30,6 +30,21 @@ pub struct DatabaseConfig {
     /// burst of requests cannot starve the saga's progress (and the other way round).
     #[arg(long, env = "CONSUMER_POOL_SIZE", default_value_t = 4, value_parser = at_least_one())]
     pub consumer_pool_size: usize,
+
+    /// How long the outbox relay, the pruner and the deadline sweeper stay with a copy of
+    /// the service that froze or vanished before another copy takes them over (see
+    /// `saga::lease`); a live holder renews it every third of it. At least 1s.
+    #[arg(long, env = "SINGLETON_LEASE", default_value = "10s",
+          value_parser = lease_duration)]
+    pub singleton_lease: Duration,
+}
+
+fn lease_duration(value: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(value).map_err(|e| e.to_string())?;
+    if duration < Duration::from_secs(1) {
+        return Err("a lease is at least 1s: its holder renews it every third".to_owned());
+    }
+    Ok(duration)
 }
 
 /// What a service lets one HTTP request do. The body's size and the headers' have fixed
@@ -72,6 +87,7 @@ impl std::fmt::Debug for DatabaseConfig {
             .field("database_url", &crate::db::redacted(&self.database_url))
             .field("database_pool_size", &self.database_pool_size)
             .field("consumer_pool_size", &self.consumer_pool_size)
+            .field("singleton_lease", &self.singleton_lease)
             .finish()
     }
 }

@@ -112,6 +112,13 @@ impl std::ops::Deref for Config {
     }
 }
 
+/// For a session with TCP settings of its own: a singleton's lease ([`crate::lease`]).
+impl std::ops::DerefMut for Config {
+    fn deref_mut(&mut self) -> &mut tokio_postgres::Config {
+        &mut self.postgres
+    }
+}
+
 /// Reads `url`, TLS settings included; a certificate file named in it is read now, so
 /// that a missing one stops a service at start-up.
 pub fn parse_url(url: &str) -> Result<Config, DbError> {

@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
@@ -62,7 +62,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// A lease on one singleton of one database.
 #[derive(Clone)]
 pub struct Lease {
-    database: tokio_postgres::Config,
+    database: crate::db::Config,
     key: i64,
     /// The singleton, in the logs: "outbox relay" logs `outbox relay active`.
     name: &'static str,
@@ -73,7 +73,7 @@ impl Lease {
     /// The lease on advisory lock `key` of `database`, lasting `duration` (at least a
     /// second: the heartbeat must fit in a third of it).
     pub fn new(
-        database: &tokio_postgres::Config,
+        database: &crate::db::Config,
         key: i64,
         name: &'static str,
         duration: Duration,
@@ -165,7 +165,7 @@ impl Lease {
     }
 
     async fn connect(&self) -> Result<Session, tokio_postgres::Error> {
-        let (client, mut connection) = self.database.connect(NoTls).await?;
+        let (client, mut connection) = self.database.connect().await?;
         let (notify, notifications) = mpsc::unbounded_channel();
         let closed = CancellationToken::new();
         let driver_closed = closed.clone();

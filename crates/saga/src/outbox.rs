@@ -5,8 +5,9 @@
 //! - An event is published if and only if its transaction committed.
 //! - A row is marked published only after the broker acknowledged it, so a crash in
 //!   between publishes it again: at-least-once, absorbed by the consumers' inbox.
-//! - One relay per database publishes at a time (a session advisory lock); others wait as
-//!   standbys and take over when its session ends.
+//! - One relay per database publishes at a time (a [`crate::lease`]); others wait as
+//!   standbys and take over within the lease's bound when its holder dies, freezes or
+//!   vanishes. A relay that lost the lease publishes nothing it read after losing it.
 //! - Rows go out in `id` order, keyed by order id; with the idempotent producer, one
 //!   order's events reach its partition in the order they were written. (Ids are assigned
 //!   at insert, not commit, so two unrelated orders' rows may be published in either
@@ -17,19 +18,18 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ::metrics::counter;
-use futures::StreamExt;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Serialize;
 use time::OffsetDateTime;
-use tokio::sync::mpsc;
 use tokio_postgres::types::Json;
-use tokio_postgres::{AsyncMessage, Client, Row, Statement};
+use tokio_postgres::{Client, Row, Statement};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
 use crate::envelope::{Delivery, Envelope};
 use crate::failpoint;
+use crate::lease::{DEFAULT_LEASE, Lease};
 pub use crate::local_relay::LocalRelay;
 use crate::metrics;
 use crate::trace;
@@ -107,7 +107,7 @@ pub async fn enqueue<P: Serialize>(
     Ok(())
 }
 
-/// Held by the active relay for its whole database session.
+/// The active relay's lease: held for its whole database session.
 const RELAY_LOCK: i64 = 0x6f75_7462_6f78; // "outbox"
 
 /// The relay's session commits its marks without waiting for the WAL to reach the disk.
@@ -129,7 +129,7 @@ const RELAY_PLAN_CACHE_MODE: &str = "force_custom_plan";
 
 /// Publishes committed outbox rows to Kafka.
 pub struct OutboxRelay {
-    database: crate::db::Config,
+    lease: Lease,
     producer: FutureProducer,
     /// How long to wait for a NOTIFY or a wake-up before looking anyway.
     poll_interval: Duration,
@@ -148,14 +148,22 @@ impl OutboxRelay {
         if crate::failpoint::fires(crate::failpoint::RELAY_ACKS_ONE) {
             producer.set("acks", "1").set("enable.idempotence", "false");
         }
+        let database = crate::db::parse_url(database_url)?;
         Ok(Self {
-            database: crate::db::parse_url(database_url)?,
+            lease: Lease::new(&database, RELAY_LOCK, "outbox relay", DEFAULT_LEASE),
             producer: producer.create()?,
             poll_interval,
             batch_size: 100,
             linger: Duration::ZERO,
             local: LocalRelay::default(),
         })
+    }
+
+    /// Holds the relay's lease for `duration` (`SINGLETON_LEASE`) rather than the
+    /// default: how long a frozen or vanished relay keeps its standbys waiting.
+    pub fn leased_for(mut self, duration: Duration) -> Self {
+        self.lease = self.lease.lasting(duration);
+        self
     }
 
     /// Lets the writers holding `local` wake this relay in memory rather than by NOTIFY
@@ -208,20 +216,11 @@ impl OutboxRelay {
         shutdown: &CancellationToken,
         delays: &mut backon::ExponentialBackoff,
     ) -> anyhow::Result<()> {
-        let (client, mut notifications) = self.connect_listening().await?;
-        loop {
-            let acquired: bool = client
-                .query_one("SELECT pg_try_advisory_lock($1)", &[&RELAY_LOCK])
-                .await?
-                .get(0);
-            if acquired {
-                break;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(self.poll_interval) => {}
-            }
-        }
+        let Some(mut held) = self.lease.acquire(shutdown).await? else {
+            return Ok(());
+        };
+        let mut notifications = held.take_notifications();
+        let client = held.client();
         client
             .batch_execute(&format!(
                 "SET synchronous_commit = {RELAY_SYNCHRONOUS_COMMIT};
@@ -229,11 +228,10 @@ impl OutboxRelay {
                  LISTEN outbox"
             ))
             .await?;
-        let statements = RelayStatements::prepare(&client).await?;
+        let statements = RelayStatements::prepare(client).await?;
         // Before the first look: a writer that skips the NOTIFY from now on either
         // committed before that look, which sees its row, or wakes the relay after it.
         let active = self.local.activate();
-        tracing::info!("outbox relay active");
         let mut healthy = false;
         // Rows the broker has acknowledged and the outbox does not say yet are published:
         // the next look marks them, in the statement that reads the rows after them.
@@ -259,13 +257,18 @@ impl OutboxRelay {
                 healthy = true;
             }
             let found = rows.len();
+            // Frozen between the look and here for long enough, another relay may hold
+            // the lease and publish these rows: send nothing, and become a standby.
+            if !held.is_held() {
+                anyhow::bail!("outbox relay lease lost: publishing nothing it read");
+            }
             let failure;
             (acknowledged, failure) = self.publish(rows).await;
             // A crash here publishes the acknowledged rows once more after the restart.
             failpoint::crash_point_for(failpoint::RELAY_AFTER_ACK, acknowledged.len());
             if let Some(error) = failure {
                 // Unacknowledged rows stay unpublished and go out in the next session.
-                Self::mark(&client, &statements, &acknowledged).await?;
+                Self::mark(client, &statements, &acknowledged).await?;
                 return Err(error);
             }
             if found == self.batch_size as usize {
@@ -277,7 +280,7 @@ impl OutboxRelay {
                 // After a quiet spell the first row still goes out at once.
                 tokio::select! {
                     _ = shutdown.cancelled() => {
-                        Self::mark(&client, &statements, &acknowledged).await?;
+                        Self::mark(client, &statements, &acknowledged).await?;
                         return Ok(());
                     }
                     _ = tokio::time::sleep_until((look + self.linger).into()) => continue,
@@ -291,6 +294,7 @@ impl OutboxRelay {
                     }
                 }
                 _ = active.woken() => {}
+                _ = held.lost() => anyhow::bail!("outbox relay lease lost"),
                 _ = tokio::time::sleep(self.poll_interval) => {}
             }
         }
@@ -307,31 +311,6 @@ impl OutboxRelay {
                 .await?;
         }
         Ok(())
-    }
-
-    /// A dedicated session: the advisory lock and LISTEN belong to it, and its
-    /// notifications arrive on the returned channel, which closes when the session ends.
-    async fn connect_listening(&self) -> anyhow::Result<(Client, mpsc::UnboundedReceiver<()>)> {
-        let (client, mut connection) = self.database.connect().await?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = messages.next().await {
-                match message {
-                    Ok(AsyncMessage::Notification(_)) => {
-                        if tx.send(()).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::debug!(%error, "outbox relay connection closed");
-                        return;
-                    }
-                }
-            }
-        });
-        Ok((client, rx))
     }
 
     /// Sends `rows` to the broker; returns the ids of those it acknowledged and, should

@@ -10,9 +10,10 @@
 //!   pruner rests, so that it works at most `PRUNE_DUTY_CYCLE` of the time: a backlog of
 //!   a million rows is worked off in 200 batches (of the default 5 000) with rests between
 //!   them, not at the consumers' expense in one go.
-//! - **One pruner per database at a time.** A pass runs only while its session holds an
-//!   advisory lock; an instance that finds it taken skips its turn, so scaled-out
-//!   instances do not all prune at once.
+//! - **One pruner per database at a time.** The pruner runs while it holds a
+//!   [`crate::lease`]; the other copies of the service wait as standbys, and one takes
+//!   over within the lease's bound if the holder dies, freezes or vanishes. Its deletes run
+//!   on the lease's session, so a holder that lost the lease deletes nothing more.
 //! - **Never what is still needed.** An unpublished outbox row is never deleted, however
 //!   old. The inbox keeps an id at least as long as a copy of its event can still arrive:
 //!   [`check_inbox_window`] refuses, at start-up, a window shorter than the retention of
@@ -29,8 +30,9 @@ use anyhow::Context as _;
 use rdkafka::admin::{AdminClient, AdminOptions, OwnedResourceSpecifier, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
-use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
+
+use crate::lease::{DEFAULT_LEASE, Held, Lease};
 
 /// A span of time, or none (`0` or `off`): how long rows are kept (`Off`: for ever), how
 /// often the pruner runs (`Off`: never).
@@ -144,7 +146,7 @@ impl Target {
     }
 }
 
-/// Held by the active pruner for one pass.
+/// The active pruner's lease.
 pub const PRUNER_LOCK: i64 = 0x7072_756e_6572; // "pruner"
 
 /// What one pass did.
@@ -182,7 +184,7 @@ pub struct Pace {
 
 /// Deletes what [`Target`]s no longer keep, every [`Pace::interval`].
 pub struct Pruner {
-    database: crate::db::Config,
+    lease: Lease,
     targets: Vec<Target>,
     pace: Pace,
 }
@@ -193,21 +195,35 @@ impl Pruner {
             (1..=100).contains(&pace.duty_cycle),
             "a duty cycle is 1 to 100 percent"
         );
+        let database = crate::db::parse_url(database_url)?;
         Ok(Self {
-            database: crate::db::parse_url(database_url)?,
+            lease: Lease::new(&database, PRUNER_LOCK, "pruner", DEFAULT_LEASE),
             targets,
             pace,
         })
     }
 
-    /// Runs a pass every `interval` until `shutdown`. A failed pass (the database away) is
+    /// Holds the pruner's lease for `duration` (`SINGLETON_LEASE`) rather than the default.
+    pub fn leased_for(mut self, duration: Duration) -> Self {
+        self.lease = self.lease.lasting(duration);
+        self
+    }
+
+    /// Waits for the lease, then runs a pass every `interval` until `shutdown` or until
+    /// the lease is lost (then waits for it again). A failed pass (the database away) is
     /// logged and tried again at the next turn: what was not deleted is still there.
     pub async fn run(self, shutdown: CancellationToken) {
         if self.targets.is_empty() {
             return;
         }
+        while let Some(held) = self.lease.hold(&shutdown).await {
+            self.prune_while_held(&held, &shutdown).await;
+        }
+    }
+
+    async fn prune_while_held(&self, held: &Held, shutdown: &CancellationToken) {
         loop {
-            match self.pass(&shutdown).await {
+            match self.pass_on(held, shutdown).await {
                 Ok(pass) if pass.batches.iter().any(|(_, n)| *n > 0) => {
                     for target in &self.targets {
                         tracing::info!(
@@ -222,36 +238,34 @@ impl Pruner {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
+                () = held.lost() => return,
                 _ = tokio::time::sleep(self.pace.interval) => {}
             }
         }
     }
 
-    /// One pass over every target on a session of its own, if no other instance is
-    /// pruning this database; cut short, between two batches, by `shutdown`.
+    /// One pass over every target, if no other instance holds the pruner's lease; cut
+    /// short, between two batches, by `shutdown`.
     pub async fn pass(&self, shutdown: &CancellationToken) -> anyhow::Result<Pass> {
-        let (client, connection) = self.database.connect().await.context("cannot connect")?;
-        tokio::spawn(connection);
-        self.pass_on(&client, shutdown).await
-        // The session ends with `client`, and the lock with it.
-    }
-
-    async fn pass_on(&self, client: &Client, shutdown: &CancellationToken) -> anyhow::Result<Pass> {
-        let acquired: bool = client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&PRUNER_LOCK])
-            .await?
-            .get(0);
-        if !acquired {
+        let Some(held) = self.lease.try_acquire().await.context("cannot connect")? else {
             return Ok(Pass {
                 skipped: true,
                 ..Pass::default()
             });
-        }
+        };
+        let pass = self.pass_on(&held, shutdown).await?;
+        held.release().await?;
+        Ok(pass)
+    }
+
+    async fn pass_on(&self, held: &Held, shutdown: &CancellationToken) -> anyhow::Result<Pass> {
+        let client = held.client();
         let mut pass = Pass::default();
         for target in &self.targets {
             let delete = client.prepare(target.delete).await?;
             let window = target.window.as_secs_f64();
             loop {
+                anyhow::ensure!(held.is_held(), "pruner lease lost");
                 let started = std::time::Instant::now();
                 // Autocommitted: each batch is a transaction of its own.
                 let deleted = client
@@ -273,9 +287,6 @@ impl Pruner {
                 }
             }
         }
-        client
-            .execute("SELECT pg_advisory_unlock($1)", &[&PRUNER_LOCK])
-            .await?;
         Ok(pass)
     }
 }

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{DatabaseConfig, HttpLimits, KafkaConfig, RetentionConfig};
 use crate::consumer::{self, ConsumerSettings};
 use crate::db;
+use crate::lease::Lease;
 use crate::probes::Readiness;
 use crate::retention::{self, Target, Window};
 use crate::{Applier, Handler, LocalRelay, OutboxRelay, Topics, backoff};
@@ -36,6 +37,8 @@ pub struct Service {
     consumer_pool: Pool,
     listener: TcpListener,
     database_url: String,
+    /// `SINGLETON_LEASE`: the relay's, the pruner's and the service's own singletons'.
+    singleton_lease: std::time::Duration,
     kafka: KafkaConfig,
     retention: RetentionConfig,
     http_limits: HttpLimits,
@@ -84,6 +87,7 @@ impl Service {
             consumer_pool: db::pool(&database.database_url, database.consumer_pool_size)?,
             listener,
             database_url: database.database_url.clone(),
+            singleton_lease: database.singleton_lease,
             kafka: kafka.clone(),
             retention: retention.clone(),
             http_limits: http_limits.clone(),
@@ -108,6 +112,13 @@ impl Service {
             .get_mut()
             .expect("never poisoned: nothing panics holding it")
             .push((name, Box::pin(task)));
+    }
+
+    /// The lease on advisory lock `key` of the service's database, for a task of its own
+    /// that must run in one copy of the service at a time ([`crate::lease`]).
+    pub fn lease(&self, key: i64, name: &'static str) -> anyhow::Result<Lease> {
+        let database = db::parse_url(&self.database_url)?;
+        Ok(Lease::new(&database, key, name, self.singleton_lease))
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -151,14 +162,12 @@ impl Service {
         };
         let mut pruned = Target::saga_tables(inbox, self.retention.outbox_retention);
         pruned.extend(std::mem::take(&mut self.also_pruned));
-        let pruner = self.retention.pruning.pruner(&self.database_url, pruned)?;
-        let relay = OutboxRelay::new(
-            &self.database_url,
-            &self.kafka.kafka_brokers,
-            self.kafka.outbox_poll_interval(),
-        )?
-        .linger(self.kafka.outbox_linger())
-        .woken_by(self.relay.clone());
+        let pruner = self
+            .retention
+            .pruning
+            .pruner(&self.database_url, pruned)?
+            .map(|pruner| pruner.leased_for(self.singleton_lease));
+        let relay = self.outbox_relay()?;
         tracing::info!(service = self.name, addr = %self.local_addr(), "service started");
 
         let tasks = Tasks::new(shutdown.clone());
@@ -210,6 +219,17 @@ impl Service {
             });
         }
         tasks.wait().await
+    }
+
+    fn outbox_relay(&self) -> anyhow::Result<OutboxRelay> {
+        Ok(OutboxRelay::new(
+            &self.database_url,
+            &self.kafka.kafka_brokers,
+            self.kafka.outbox_poll_interval(),
+        )?
+        .linger(self.kafka.outbox_linger())
+        .leased_for(self.singleton_lease)
+        .woken_by(self.relay.clone()))
     }
 
     /// The inbox's window, checked against the retention of `topics` (waiting, with

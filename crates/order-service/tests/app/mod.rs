@@ -54,6 +54,7 @@ pub fn config(db: &TestDatabase, kafka: &TestKafka, idempotency: IdempotencyConf
             database_url: db.url.clone(),
             database_pool_size: 4,
             consumer_pool_size: 2,
+            singleton_lease: saga::lease::DEFAULT_LEASE,
         },
         kafka: KafkaConfig {
             kafka_brokers: kafka.brokers.clone(),
