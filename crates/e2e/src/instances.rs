@@ -100,6 +100,30 @@ impl Stack {
         self.signal_and_wait(instance, "KILL").await
     }
 
+    /// Sends SIGSTOP to `instance`: it stays connected to everything, and answers
+    /// nothing, until [`Stack::thaw_instance`].
+    pub async fn freeze_instance(&mut self, instance: &str) {
+        self.signal(instance, "STOP").await;
+    }
+
+    /// Sends SIGCONT to a frozen `instance`.
+    pub async fn thaw_instance(&mut self, instance: &str) {
+        self.signal(instance, "CONT").await;
+    }
+
+    async fn signal(&mut self, instance: &str, signal: &str) {
+        let pid = self.processes[instance]
+            .id()
+            .expect("the process has not been reaped")
+            .to_string();
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .await
+            .unwrap();
+        assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
     async fn signal_and_wait(&mut self, instance: &str, signal: &str) -> ExitStatus {
         let mut child = self
             .processes

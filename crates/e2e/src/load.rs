@@ -38,11 +38,28 @@ impl Load {
     /// Starts placing `orders` orders at `rate` per second.
     pub fn start(stack: &Stack, orders: usize, rate: u32) -> Self {
         let (http, base) = stack.api();
+        Self::placing(http, Target::one(base), orders, rate)
+    }
+
+    /// [`Load::start`] over several copies of order-service (`instances`), as a load
+    /// balancer would: each attempt goes to the next copy in turn, a retry included, and
+    /// an attempt that gets no answer within [`SPREAD_TIMEOUT`] is offered to the next
+    /// copy, so that a frozen copy holds up one attempt, not the load.
+    pub fn spread(stack: &Stack, instances: &[&str], orders: usize, rate: u32) -> Self {
+        let (http, _) = stack.api();
+        let target = Target {
+            bases: instances.iter().map(|i| stack.url_of(i)).collect(),
+            timeout: SPREAD_TIMEOUT,
+        };
+        Self::placing(http, target, orders, rate)
+    }
+
+    fn placing(http: reqwest::Client, target: Target, orders: usize, rate: u32) -> Self {
         let accepted = Arc::new(Mutex::new(Vec::with_capacity(orders)));
         let retried = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn(place(
             http,
-            base,
+            target,
             orders,
             rate,
             accepted.clone(),
@@ -93,15 +110,41 @@ impl Load {
     }
 }
 
+/// How long an attempt of [`Load::spread`] waits for its answer before the next copy is
+/// offered the order: far beyond a loaded copy's answer, far below a frozen copy's.
+pub const SPREAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where the orders go.
+struct Target {
+    /// order-service's copies, taken in turn.
+    bases: Vec<String>,
+    /// How long an attempt waits for its answer.
+    timeout: Duration,
+}
+
+impl Target {
+    fn one(base: String) -> Self {
+        Self {
+            bases: vec![base],
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
 async fn place(
     http: reqwest::Client,
-    base: String,
+    target: Target,
     orders: usize,
     rate: u32,
     accepted: Arc<Mutex<Vec<Uuid>>>,
     retried: Arc<AtomicUsize>,
 ) {
-    let url = format!("{base}/v1/orders");
+    let urls: Vec<String> = target
+        .bases
+        .iter()
+        .map(|base| format!("{base}/v1/orders"))
+        .collect();
+    let mut attempts = 0;
     let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for i in 0..orders {
@@ -117,7 +160,9 @@ async fn place(
         let key = format!("load-{i}");
         loop {
             ticks.tick().await;
-            match offer(&http, &url, &key, &body).await {
+            let url = &urls[attempts % urls.len()];
+            attempts += 1;
+            match offer(&http, url, &key, &body, target.timeout).await {
                 Offer::Accepted(id) => {
                     accepted.lock().unwrap().push(id);
                     break;
@@ -135,17 +180,23 @@ enum Offer {
     Refused,
 }
 
-async fn offer(http: &reqwest::Client, url: &str, key: &str, body: &Value) -> Offer {
+async fn offer(
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    body: &Value,
+    timeout: Duration,
+) -> Offer {
     let response = match http
         .post(url)
         .header("idempotency-key", key)
         .json(body)
-        .timeout(Duration::from_secs(30))
+        .timeout(timeout)
         .send()
         .await
     {
         Ok(response) => response,
-        // Down, restarting, or killed while answering.
+        // Down, restarting, frozen, or killed while answering.
         Err(_) => return Offer::Refused,
     };
     let status = response.status().as_u16();
