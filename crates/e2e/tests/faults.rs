@@ -43,6 +43,8 @@ mod outages;
 mod poison;
 #[path = "faults/replays.rs"]
 mod replays;
+#[path = "faults/replicas.rs"]
+mod replicas;
 #[path = "faults/scale_out.rs"]
 mod scale_out;
 
