@@ -1,5 +1,6 @@
 //! The singletons' lease against a real PostgreSQL: a standby takes over from a frozen
-//! holder within the bound, and the holder, thawed, can no longer act under it.
+//! holder within the bound, and the holder, thawed, can no longer act under it; a frozen
+//! outbox relay, thawed, publishes nothing it read after losing its lease.
 //!
 //! A frozen holder is a lease held on a runtime of its own, on a thread of its own, whose
 //! only thread is then blocked: its heartbeat and its connection are not polled, while
@@ -8,8 +9,12 @@
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
 use saga::lease::Lease;
-use saga_testkit::TestDatabase;
+use saga::outbox::{self, NewEvent};
+use saga::{OutboxRelay, Transaction};
+use saga_testkit::{TestDatabase, TestKafka, eventually, header};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -206,4 +211,160 @@ async fn only_one_of_many_contenders_holds_the_lease_at_a_time() {
         assert_eq!(held.len(), 1, "contenders holding the lease at once");
         held.into_iter().next().unwrap().release().await.unwrap();
     }
+}
+
+/// Enqueues an `order.created` with `event_id` and commits it.
+async fn enqueue(db: &TestDatabase, topic: &str, event_id: &str) {
+    let client = db.client().await;
+    let tx = Transaction::begin(&client);
+    let event = NewEvent {
+        event_id,
+        topic,
+        key: "k",
+        event_type: "order.created",
+        payload: &serde_json::json!({}),
+        caused_by: None,
+    };
+    outbox::enqueue(&tx, &event).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn published(db: &TestDatabase) -> i64 {
+    db.count(
+        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+        &[],
+    )
+    .await
+}
+
+/// What freezes the relay of [`frozen_relay`]: it says when it is frozen, then waits to
+/// be thawed, then to be stopped.
+struct Freeze {
+    frozen: oneshot::Sender<()>,
+    thaw: std_mpsc::Receiver<()>,
+    stop: oneshot::Receiver<()>,
+}
+
+/// A relay run on a thread of its own until told to freeze, then to thaw, then to stop.
+/// Its producer's threads are not frozen: what the relay handed them before the freeze
+/// still goes out, as it would from a real frozen process's socket buffers.
+fn frozen_relay(
+    db: &TestDatabase,
+    kafka: &TestKafka,
+) -> (std_mpsc::Sender<Freeze>, std::thread::JoinHandle<()>) {
+    let (url, brokers) = (db.url.clone(), kafka.brokers.clone());
+    let (freeze, frozen_by) = std_mpsc::channel::<Freeze>();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let relay = OutboxRelay::new(&url, &brokers, Duration::from_millis(100))
+                .unwrap()
+                .leased_for(LEASE);
+            let shutdown = CancellationToken::new();
+            let run = tokio::spawn(relay.run(shutdown.clone()));
+            let orders = loop {
+                match frozen_by.try_recv() {
+                    Ok(orders) => break orders,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            };
+            // Nothing of this runtime runs from here until thawed.
+            orders.frozen.send(()).unwrap();
+            orders.thaw.recv().unwrap();
+            orders.stop.await.unwrap();
+            shutdown.cancel();
+            run.await.unwrap();
+        });
+    });
+    (freeze, thread)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_relay_is_taken_over_within_the_bound_and_thawed_publishes_nothing_it_read_after()
+{
+    let (db, kafka) = tokio::join!(TestDatabase::saga_tables_only(), TestKafka::new());
+    let topic = kafka.topics.orders.clone();
+    let wait = Duration::from_secs(60);
+    let (freeze, thread) = frozen_relay(&db, &kafka);
+    for n in 0..10 {
+        enqueue(&db, &topic, &format!("before-{n}")).await;
+    }
+    eventually(wait, "the first relay to publish", || async {
+        (published(&db).await == 10).then_some(())
+    })
+    .await;
+    let standby = OutboxRelay::new(&db.url, &kafka.brokers, Duration::from_millis(100))
+        .unwrap()
+        .leased_for(LEASE);
+    let stop_standby = CancellationToken::new();
+    let standby = tokio::spawn(standby.run(stop_standby.clone()));
+
+    let (thaw, thawed_by) = std_mpsc::channel();
+    let (stop, stopped_by) = oneshot::channel();
+    let (frozen, frozen_now) = oneshot::channel();
+    freeze
+        .send(Freeze {
+            frozen,
+            thaw: thawed_by,
+            stop: stopped_by,
+        })
+        .unwrap();
+    frozen_now.await.unwrap();
+    let frozen_at = Instant::now();
+    for n in 0..20 {
+        enqueue(&db, &topic, &format!("during-{n}")).await;
+    }
+    eventually(wait, "the standby to publish", || async {
+        (published(&db).await == 30).then_some(())
+    })
+    .await;
+    let takeover = frozen_at.elapsed();
+    let bound = lease(&db).bound() + SLACK;
+    assert!(
+        takeover <= bound,
+        "published by the standby after {takeover:?}"
+    );
+
+    thaw.send(()).unwrap();
+    // Thawed, the relay finds its session ended and waits as a standby again.
+    eventually(wait, "the thawed relay to wait as a standby", || async {
+        let waiting = db
+            .count(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND pid <> pg_backend_pid()
+                    AND query LIKE '%pg_try_advisory_lock%'",
+                &[],
+            )
+            .await;
+        (waiting >= 1).then_some(())
+    })
+    .await;
+    for n in 0..20 {
+        enqueue(&db, &topic, &format!("after-{n}")).await;
+    }
+    eventually(wait, "every row published", || async {
+        (published(&db).await == 50).then_some(())
+    })
+    .await;
+    stop.send(()).unwrap();
+    thread.join().unwrap();
+    stop_standby.cancel();
+    standby.await.unwrap();
+
+    let mut times: BTreeMap<String, usize> = BTreeMap::new();
+    for record in kafka.read_all(&topic).await {
+        *times
+            .entry(header(&record, "event_id").unwrap())
+            .or_default() += 1;
+    }
+    let twice: Vec<_> = times
+        .iter()
+        .filter(|(id, n)| !id.starts_with("before-") && **n != 1)
+        .collect();
+    assert!(twice.is_empty(), "published other than once: {twice:?}");
+    assert_eq!(times.len(), 50);
+    println!("a frozen relay taken over, its rows published again, in {takeover:?}");
 }
