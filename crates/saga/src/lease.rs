@@ -134,6 +134,11 @@ impl Lease {
     ) -> Result<Option<Held>, tokio_postgres::Error> {
         let session = self.connect().await?;
         loop {
+            // Stopping: not even a free lease is taken, or a singleton's loop that ends
+            // its turn on shutdown would take it again at once, for ever.
+            if shutdown.is_cancelled() {
+                return Ok(None);
+            }
             if session.try_lock(self.key).await? {
                 tracing::info!("{} active", self.name);
                 return Ok(Some(self.held(session)));

@@ -213,6 +213,20 @@ async fn only_one_of_many_contenders_holds_the_lease_at_a_time() {
     }
 }
 
+/// A singleton stopping ends its turn and asks for the lease again: it must not get it,
+/// free as it is, or it would take it and end its turn for ever instead of stopping.
+#[tokio::test]
+async fn a_stopping_singleton_does_not_take_even_a_free_lease() {
+    let db = TestDatabase::empty().await;
+    let lease = lease(&db);
+    let stopping = CancellationToken::new();
+    stopping.cancel();
+    assert!(lease.acquire(&stopping).await.unwrap().is_none());
+    assert!(lease.hold(&stopping).await.is_none());
+    let held = lease.try_acquire().await.unwrap();
+    assert!(held.is_some(), "the lease was free all along");
+}
+
 /// Enqueues an `order.created` with `event_id` and commits it.
 async fn enqueue(db: &TestDatabase, topic: &str, event_id: &str) {
     let client = db.client().await;
