@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use saga::metrics::{ADMISSION_LIMIT, ORDERS_IN_FLIGHT};
+use saga::metrics::{ADMISSION_COUNTED, ADMISSION_LIMIT, ORDERS_IN_FLIGHT};
 use saga_e2e::{KEYBOARD, ORDER_SERVICE, PAYMENT_SERVICE, SETTLE, Stack};
 use saga_testkit::eventually;
 use serde_json::{Value, json};
@@ -101,6 +101,7 @@ async fn held_back_rounds(stack: &mut Stack, copies: &[&str]) {
         let (placed, refused) =
             place_orders_until_refused(stack, copies, round, &mut accepted).await;
         assert_refused_for_being_behind(stack, round, placed, &refused, &accepted).await;
+        in_flight_summed_over(stack, copies, placed).await;
 
         stack.start_service(PAYMENT_SERVICE).await;
         let retried = accepted_again(stack, round, placed).await;
@@ -134,6 +135,23 @@ async fn wait_for_an_empty_saga(stack: &Stack, copies: &[&str], accepted: &[Uuid
     counted_by(stack, copies, 0).await;
 }
 
+/// The orders in flight, a gauge of the one database: one copy reports them, so that a
+/// dashboard's sum over the copies is `n`, not `n` times the copies.
+async fn in_flight_summed_over(stack: &Stack, copies: &[&str], n: usize) {
+    eventually(
+        SETTLE,
+        &format!("the copies' sum to be {n} in flight"),
+        || async {
+            let mut sum = 0.0;
+            for copy in copies {
+                sum += stack.metrics(copy).await.sum(ORDERS_IN_FLIGHT, &[]);
+            }
+            (sum == n as f64).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Until each of `copies` has counted `n` orders in flight.
 async fn counted_by(stack: &Stack, copies: &[&str], n: usize) {
     eventually(
@@ -141,7 +159,7 @@ async fn counted_by(stack: &Stack, copies: &[&str], n: usize) {
         &format!("every copy to count {n} orders in flight"),
         || async {
             for copy in copies {
-                if stack.metrics(copy).await.sum(ORDERS_IN_FLIGHT, &[]) != n as f64 {
+                if stack.metrics(copy).await.sum(ADMISSION_COUNTED, &[]) != n as f64 {
                     return None;
                 }
             }

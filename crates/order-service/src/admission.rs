@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use clap::Args;
 use deadpool_postgres::Pool;
+use saga::LocalRelay;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Args)]
@@ -130,6 +131,7 @@ impl Admission {
     /// is counted.
     pub fn new(
         pool: Pool,
+        relay: LocalRelay,
         config: &AdmissionConfig,
         shutdown: CancellationToken,
     ) -> (
@@ -139,6 +141,7 @@ impl Admission {
         let admission = Self::with_cap(config.admission_max_in_flight, config.admission_max_wait);
         let watcher = watch(
             pool,
+            relay,
             admission.clone(),
             config.admission_poll_interval,
             shutdown,
@@ -194,6 +197,7 @@ impl Admission {
 
 async fn watch(
     pool: Pool,
+    relay: LocalRelay,
     admission: Admission,
     interval: Duration,
     shutdown: CancellationToken,
@@ -215,7 +219,10 @@ async fn watch(
             Ok(Counted { in_flight, settled }) => {
                 let per_second = settled as f64 / RATE_WINDOW.as_secs_f64();
                 let limit = admission.counted(in_flight, placed_then, per_second);
-                metrics::gauge!(saga::metrics::ORDERS_IN_FLIGHT).set(in_flight as f64);
+                let in_flight_f64 = in_flight as f64;
+                metrics::gauge!(saga::metrics::ADMISSION_COUNTED).set(in_flight_f64);
+                metrics::gauge!(saga::metrics::ORDERS_IN_FLIGHT)
+                    .set(saga::metrics::shared_gauge(&relay, in_flight_f64));
                 metrics::gauge!(saga::metrics::ADMISSION_LIMIT).set(limit as f64);
             }
             // The database down refuses orders by itself (503 `unavailable`); the last

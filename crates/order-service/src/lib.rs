@@ -111,8 +111,12 @@ impl Application {
 
     pub async fn run_until_stopped(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
-        let (admission, watcher) =
-            Admission::new(self.service.pool.clone(), &self.admission, shutdown.clone());
+        let (admission, watcher) = Admission::new(
+            self.service.pool.clone(),
+            self.service.relay.clone(),
+            &self.admission,
+            shutdown.clone(),
+        );
         self.service.run_also("admission", watcher);
         self.service.run_also(
             "deadline",

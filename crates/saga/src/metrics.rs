@@ -31,7 +31,7 @@ use axum::routing::get;
 use deadpool_postgres::Pool;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::events;
+use crate::{LocalRelay, events};
 
 /// Records a consumer took from the broker, by topic.
 pub const RECORDS_RECEIVED: &str = "saga_consumer_records_received_total";
@@ -99,11 +99,23 @@ pub const REFUNDS: &str = "saga_refunds_total";
 /// `lose_response`).
 pub const REFUND_FAULTS: &str = "saga_refund_faults_total";
 /// order-service's orders not settled (pending, or cancelled and not yet answered by
-/// payment-service), as admission control last counted them.
+/// payment-service), as admission control last counted them. A gauge of the whole
+/// database, like the outbox's: see [`shared_gauge`].
 pub const ORDERS_IN_FLIGHT: &str = "saga_orders_in_flight";
+/// This copy of order-service's last count of [`ORDERS_IN_FLIGHT`], which its admission
+/// control decides on: the same in every copy, give or take a count.
+pub const ADMISSION_COUNTED: &str = "saga_admission_counted";
 /// order-service's cap on [`ORDERS_IN_FLIGHT`] as of its last count: what the saga
 /// settles in `ADMISSION_MAX_WAIT` at its recent rate, or `ADMISSION_MAX_IN_FLIGHT`.
 pub const ADMISSION_LIMIT: &str = "saga_admission_limit";
+
+/// What a copy reports of a gauge read from the database every copy shares (the outbox's
+/// backlog, the orders in flight): `value` in the copy whose relay holds the database's
+/// lease, 0 in the others. A dashboard's sum over copies is then the database's figure
+/// (not N times it), and one series per copy stays, so none goes missing on a takeover.
+pub fn shared_gauge(relay: &LocalRelay, value: f64) -> f64 {
+    if relay.is_active() { value } else { 0.0 }
+}
 
 /// Seconds: from a fraction of a millisecond (an answer from memory) to the 30 s a
 /// transient failure may last before the caller gives up.
@@ -174,12 +186,12 @@ fn describe() {
     describe_gauge!(
         OUTBOX_UNPUBLISHED,
         Unit::Count,
-        "Outbox rows not yet published"
+        "Outbox rows not yet published; reported by the copy publishing them, 0 in the others"
     );
     describe_gauge!(
         OUTBOX_OLDEST_AGE,
         Unit::Seconds,
-        "Age of the oldest unpublished outbox row"
+        "Age of the oldest unpublished outbox row; reported by the copy publishing them, 0 in the others"
     );
     describe_counter!(HTTP_REQUESTS, "HTTP requests answered");
     describe_histogram!(
@@ -212,7 +224,12 @@ fn describe() {
     describe_gauge!(
         ORDERS_IN_FLIGHT,
         Unit::Count,
-        "Orders not settled (pending, or a cancellation not answered), which admission control caps"
+        "Orders not settled (pending, or a cancellation not answered), which admission control caps; reported by the copy publishing the outbox, 0 in the others"
+    );
+    describe_gauge!(
+        ADMISSION_COUNTED,
+        Unit::Count,
+        "Orders in flight as this copy's admission control last counted them"
     );
     describe_gauge!(
         ADMISSION_LIMIT,
@@ -222,17 +239,18 @@ fn describe() {
 }
 
 /// `GET /metrics`: everything recorded so far, with the outbox gauges read just before
-/// from the database of `outbox`, if the service has one.
-pub fn router(outbox: Option<Pool>) -> Router {
+/// from the database of `outbox`, if the service has one, by the copy whose relay
+/// publishes it ([`shared_gauge`]).
+pub fn router(outbox: Option<(Pool, LocalRelay)>) -> Router {
     handle();
     Router::new()
         .route("/metrics", get(render))
         .with_state(outbox)
 }
 
-async fn render(State(outbox): State<Option<Pool>>) -> Response {
-    if let Some(pool) = outbox
-        && let Err(error) = read_outbox(&pool).await
+async fn render(State(outbox): State<Option<(Pool, LocalRelay)>>) -> Response {
+    if let Some((pool, relay)) = outbox
+        && let Err(error) = read_outbox(&pool, &relay).await
     {
         // The other figures still help most when the database is what is wrong.
         tracing::debug!(%error, "outbox gauges not refreshed");
@@ -245,7 +263,12 @@ async fn render(State(outbox): State<Option<Pool>>) -> Response {
         .into_response()
 }
 
-async fn read_outbox(pool: &Pool) -> anyhow::Result<()> {
+async fn read_outbox(pool: &Pool, relay: &LocalRelay) -> anyhow::Result<()> {
+    if !relay.is_active() {
+        gauge!(OUTBOX_UNPUBLISHED).set(0.0);
+        gauge!(OUTBOX_OLDEST_AGE).set(0.0);
+        return Ok(());
+    }
     let client = pool.get().await?;
     // The relay's partial index holds exactly these rows: cheap however long the
     // published history is.

@@ -178,7 +178,10 @@ impl Service {
             router
                 .merge(crate::http::health(self.pool.clone()))
                 .merge(crate::probes::router(readiness))
-                .merge(crate::metrics::router(Some(self.pool.clone()))),
+                .merge(crate::metrics::router(Some((
+                    self.pool.clone(),
+                    self.relay.clone(),
+                )))),
             &self.http_limits,
         )
         .layer(axum::middleware::from_fn(crate::metrics::track_http));
