@@ -133,8 +133,9 @@ impl Service {
 
     /// Waits for the broker to serve the topics the consumer reads (stopping at once on a
     /// refused login, certificate or topic, [`crate::kafka::await_broker`]), checks the
-    /// inbox's window against their retention, then runs the HTTP server (`router` plus `/health`), the outbox relay, the pruner
-    /// and the consumer until `shutdown`. If any of them fails, the others are stopped too
+    /// inbox's window against their retention, then runs the HTTP server (`router` plus
+    /// [`Self::edge`]'s routes), the outbox relay, the pruner and the consumer until
+    /// `shutdown`. If any of them fails, the others are stopped too
     /// and the error is returned, so a supervisor sees the service die rather than limp.
     pub async fn run<H: Handler>(
         mut self,
@@ -174,17 +175,7 @@ impl Service {
         let readiness = Readiness::database(self.pool.clone())
             .broker(relay.producer().clone())
             .consumer(settings.joined.clone());
-        let router = crate::http::edge(
-            router
-                .merge(crate::http::health(self.pool.clone()))
-                .merge(crate::probes::router(readiness))
-                .merge(crate::metrics::router(Some((
-                    self.pool.clone(),
-                    self.relay.clone(),
-                )))),
-            &self.http_limits,
-        )
-        .layer(axum::middleware::from_fn(crate::metrics::track_http));
+        let router = self.edge(router, readiness);
         tasks.spawn(
             "http",
             crate::http::serve(self.listener, router, shutdown.clone()),
@@ -222,6 +213,20 @@ impl Service {
             });
         }
         tasks.wait().await
+    }
+
+    /// `router` with the routes every service serves (`/health`, the probes, `/metrics`),
+    /// behind the HTTP edge's limits.
+    fn edge(&self, router: Router, readiness: Readiness) -> Router {
+        let metrics = crate::metrics::router(Some((self.pool.clone(), self.relay.clone())));
+        crate::http::edge(
+            router
+                .merge(crate::http::health(self.pool.clone()))
+                .merge(crate::probes::router(readiness))
+                .merge(metrics),
+            &self.http_limits,
+        )
+        .layer(axum::middleware::from_fn(crate::metrics::track_http))
     }
 
     fn outbox_relay(&self) -> anyhow::Result<OutboxRelay> {
