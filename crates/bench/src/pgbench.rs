@@ -152,10 +152,10 @@ pub async fn run(
         .args(["--jobs", &connections.clamp(1, 2).to_string()])
         .arg("--file")
         .arg(script)
-        // The services talk to PostgreSQL in plain TCP. libpq's default (`prefer`) would
-        // give pgbench TLS wherever the server offers it (Debian's does, with its
-        // snake-oil certificate), and the ceiling would pay for encryption the services
-        // never do.
+        // The benchmark's services talk to PostgreSQL in plain TCP (`stack.rs`). libpq's
+        // default (`prefer`) would give pgbench TLS wherever the server offers it
+        // (Debian's does, and `scripts/infra-up`'s), and the ceiling would pay for
+        // encryption the services do not.
         .env("PGSSLMODE", "disable");
     if transaction.name == "relay" {
         // The relay's session settings, for every connection pgbench opens.
