@@ -112,7 +112,10 @@ impl Stack {
     }
 
     async fn signal(&mut self, instance: &str, signal: &str) {
-        let pid = self.processes[instance]
+        let pid = self
+            .processes
+            .get(instance)
+            .unwrap_or_else(|| panic!("{instance} is not running"))
             .id()
             .expect("the process has not been reaped")
             .to_string();
@@ -125,20 +128,11 @@ impl Stack {
     }
 
     async fn signal_and_wait(&mut self, instance: &str, signal: &str) -> ExitStatus {
+        self.signal(instance, signal).await;
         let mut child = self
             .processes
             .remove(instance)
-            .unwrap_or_else(|| panic!("{instance} is not running"));
-        let pid = child
-            .id()
-            .expect("the process has not been reaped")
-            .to_string();
-        let sent = Command::new("kill")
-            .args([&format!("-{signal}"), &pid])
-            .status()
-            .await
-            .unwrap();
-        assert!(sent.success(), "kill -{signal} {pid}");
+            .expect("signalled, so running");
         tokio::time::timeout(SETTLE, child.wait())
             .await
             .unwrap_or_else(|_| panic!("{instance} did not stop within {SETTLE:?} of SIG{signal}"))
