@@ -50,36 +50,30 @@ impl Holder {
         let (acquired_tx, acquired) = oneshot::channel();
         let (freeze, frozen_by) = std_mpsc::channel::<std_mpsc::Receiver<()>>();
         let (thawed_tx, thawed) = oneshot::channel();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let held = lease
-                    .acquire(&CancellationToken::new())
-                    .await
-                    .unwrap()
-                    .expect("no shutdown");
-                acquired_tx.send(()).unwrap();
-                // Lets the heartbeat run until told to freeze.
-                let thaw = loop {
-                    match frozen_by.try_recv() {
-                        Ok(thaw) => break thaw,
-                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                    }
-                };
-                // Blocks the runtime's only thread: nothing of this holder runs.
-                thaw.recv().unwrap();
-                let is_held = held.is_held();
-                let session_works = held.client().simple_query("SELECT 1").await.is_ok();
-                thawed_tx
-                    .send(Thawed {
-                        is_held,
-                        session_works,
-                    })
-                    .unwrap_or_else(|_| panic!("the test waits"));
-            });
+        let thread = on_a_thread_of_its_own(async move {
+            let held = lease
+                .acquire(&CancellationToken::new())
+                .await
+                .unwrap()
+                .expect("no shutdown");
+            acquired_tx.send(()).unwrap();
+            // Lets the heartbeat run until told to freeze.
+            let thaw = loop {
+                match frozen_by.try_recv() {
+                    Ok(thaw) => break thaw,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            };
+            // Blocks the runtime's only thread: nothing of this holder runs.
+            thaw.recv().unwrap();
+            let is_held = held.is_held();
+            let session_works = held.client().simple_query("SELECT 1").await.is_ok();
+            thawed_tx
+                .send(Thawed {
+                    is_held,
+                    session_works,
+                })
+                .unwrap_or_else(|_| panic!("the test waits"));
         });
         Self {
             acquired,
@@ -268,32 +262,40 @@ fn frozen_relay(
 ) -> (std_mpsc::Sender<Freeze>, std::thread::JoinHandle<()>) {
     let (url, brokers) = (db.url.clone(), kafka.brokers.clone());
     let (freeze, frozen_by) = std_mpsc::channel::<Freeze>();
-    let thread = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let relay = OutboxRelay::new(&url, &brokers, Duration::from_millis(100))
-                .unwrap()
-                .leased_for(LEASE);
-            let shutdown = CancellationToken::new();
-            let run = tokio::spawn(relay.run(shutdown.clone()));
-            let orders = loop {
-                match frozen_by.try_recv() {
-                    Ok(orders) => break orders,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            };
-            // Nothing of this runtime runs from here until thawed.
-            orders.frozen.send(()).unwrap();
-            orders.thaw.recv().unwrap();
-            orders.stop.await.unwrap();
-            shutdown.cancel();
-            run.await.unwrap();
-        });
+    let thread = on_a_thread_of_its_own(async move {
+        let relay = OutboxRelay::new(&url, &brokers, Duration::from_millis(100))
+            .unwrap()
+            .leased_for(LEASE);
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(relay.run(shutdown.clone()));
+        let orders = loop {
+            match frozen_by.try_recv() {
+                Ok(orders) => break orders,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        // Nothing of this runtime runs from here until thawed.
+        orders.frozen.send(()).unwrap();
+        orders.thaw.recv().unwrap();
+        orders.stop.await.unwrap();
+        shutdown.cancel();
+        run.await.unwrap();
     });
     (freeze, thread)
+}
+
+/// Runs `task` on a thread of its own, on a runtime whose only thread that is: blocking
+/// it in `task` freezes all `task` spawned, as SIGSTOP freezes a process.
+fn on_a_thread_of_its_own(
+    task: impl Future<Output = ()> + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(task);
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
