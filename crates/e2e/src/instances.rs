@@ -210,6 +210,19 @@ pub fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
+/// `service`'s binary, to run alone as a user would and read what it says when it stops
+/// at start: no backtrace after its error, whatever the test's shell asks for, and gone
+/// with the test.
+pub fn as_a_user(service: &str) -> Command {
+    let mut command = Command::new(binary(service));
+    command
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
 /// The service binary next to this test's own target folder.
 pub fn binary(service: &str) -> PathBuf {
     let test_exe = std::env::current_exe().expect("the test binary's path");

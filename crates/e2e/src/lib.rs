@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-pub use instances::{binary, describe_exit};
+pub use instances::{as_a_user, binary, describe_exit};
 
 pub const ORDER_SERVICE: &str = "order-service";
 pub const PAYMENT_SERVICE: &str = "payment-service";

@@ -7,10 +7,10 @@
 //! (`127.0.0.1:9094`), `KAFKA_SASL_PASSWORD` (`saga-kafka-pw`), and the CA from
 //! `$SAGA_RUN_DIR/kafka-tls/ca.pem` (`.run` in the checkout by default).
 
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
-use saga_e2e::{ORDER_SERVICE, Stack, binary, database_name, reader, role, workspace_root};
+use saga_e2e::{ORDER_SERVICE, Stack, as_a_user, database_name, reader, role, workspace_root};
 use saga_testkit::{TestDatabase, TestKafka, eventually};
 
 fn secure_brokers() -> String {
@@ -87,17 +87,13 @@ impl Alone {
             |k| k.namespace.clone(),
         );
         let log = std::env::temp_dir().join(format!("{namespace}order-service.log"));
-        let child = tokio::process::Command::new(binary(ORDER_SERVICE))
+        let child = as_a_user(ORDER_SERVICE)
             .env("DATABASE_URL", database.url_as(&role(ORDER_SERVICE)))
             .env("KAFKA_NAMESPACE", &namespace)
             .env("HTTP_ADDR", "127.0.0.1:0")
             .env("RUST_LOG", "info")
-            // What a user sees: no backtrace after the error, whatever the shell has.
-            .env_remove("RUST_BACKTRACE")
             .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
-            .kill_on_drop(true)
             .spawn()
             .expect("order-service starts (cargo build --bins first)");
         Self {

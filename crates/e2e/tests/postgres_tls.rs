@@ -9,8 +9,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use saga_e2e::{
-    NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, SETTLE, Stack, binary,
-    describe_exit, role, workspace_root,
+    NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, SETTLE, Stack,
+    as_a_user, binary, describe_exit, role, workspace_root,
 };
 use saga_testkit::{eventually, native_url, postgres_admin_url, postgres_ca_file};
 use tokio::process::{Child, Command};
@@ -133,16 +133,11 @@ async fn a_server_certificate_from_an_untrusted_ca_stops_a_service_at_start_up()
         "verify-full",
         &ca,
     );
-    let child = Command::new(binary(ORDER_SERVICE))
+    let child = as_a_user(ORDER_SERVICE)
         .env("DATABASE_URL", &url)
         .env("KAFKA_BROKERS", saga_testkit::kafka_brokers())
         .env("HTTP_ADDR", "127.0.0.1:0")
-        // What a user sees: no backtrace after the error, whatever the test's shell asks.
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     // Classed as transient, the refusal would have it wait for the database forever.

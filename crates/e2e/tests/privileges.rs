@@ -8,7 +8,7 @@ use std::time::Duration;
 use regex::Regex;
 use saga_e2e::{
     NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, SERVICES, Stack,
-    binary, database_name, reader, role,
+    as_a_user, binary, database_name, reader, role,
 };
 use saga_testkit::{native_url, role_password};
 use tokio_postgres::error::SqlState;
@@ -212,14 +212,12 @@ async fn no_password_shows_in_a_log_an_error_or_the_help() {
 
     // A service refused by its database says so, and names no password.
     let log = std::env::temp_dir().join(format!("{}-wrong-password.log", stack.kafka.namespace));
-    let mut service = tokio::process::Command::new(binary(ORDER_SERVICE))
+    let mut service = as_a_user(ORDER_SERVICE)
         .env("DATABASE_URL", &wrong)
         .env("KAFKA_BROKERS", &stack.kafka.brokers)
         .env("KAFKA_NAMESPACE", &stack.kafka.namespace)
         .env("HTTP_ADDR", "127.0.0.1:0")
-        .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     // It is a setting to fix, not an outage to wait out: the service stops at once.
