@@ -59,7 +59,7 @@ pub const NOT_BENCHMARKED: [(&str, &str); 5] = [
     ),
     (
         "session",
-        "the relay's advisory lock, taken once per session, not per batch",
+        "the relay's session settings and LISTEN, once per session (its lock is the lease's, lease.rs), not per batch",
     ),
     (
         "list_charges",
