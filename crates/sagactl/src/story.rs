@@ -33,6 +33,11 @@
 //! was committed) is not a second record, so the story shows it once; the claim still
 //! says which delivery took effect. Outbox rows past `OUTBOX_RETENTION` and records past
 //! the topics' retention are gone from the story too.
+//!
+//! The topics and offsets are read before any table. A consumer commits its transaction
+//! before its offset, so a record the offsets call handled always finds its claim and its
+//! effect; read the other way round, an event applied between the two reads would look
+//! like guard 2.
 
 mod fate;
 mod records;
@@ -243,10 +248,15 @@ pub async fn tell(
     databases: &Databases,
     order_id: Uuid,
 ) -> anyhow::Result<Option<Story>> {
-    let Some(order) = rows::order(databases, order_id).await? else {
+    if rows::order(databases, order_id).await?.is_none() {
         return Ok(None);
-    };
+    }
     let key = order_id.to_string();
+    // The topics first, then every row: see `records::read`.
+    let on_topics = records::read(sources, &key).await?;
+    let order = rows::order(databases, order_id)
+        .await?
+        .context("the order was deleted while its story was read")?;
     let mut open = order.settled_at.is_none();
     let mut steps = vec![rows::placed(&order)];
     steps.extend(rows::cancellation(&order));
@@ -255,7 +265,7 @@ pub async fn tell(
     steps.extend(rows::refunds(databases, &key).await?);
     steps.extend(rows::tombstone(databases, order_id).await?);
     steps.extend(rows::notifications(databases, order_id).await?);
-    open |= records::on_topics(sources, databases, &key, &caused, &mut steps).await?;
+    open |= records::tell(&sources.topics, &on_topics, databases, &caused, &mut steps).await?;
 
     steps.sort_by_key(|step| step.at);
     Ok(Some(Story { order, steps, open }))

@@ -6,7 +6,7 @@ use saga_e2e::{
     NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, PAYMENT_SERVICE, SETTLE, Stack,
 };
 use saga_testkit::eventually;
-use sagactl::story::{Kind, Step};
+use sagactl::story::{self, Databases, Kind, Step};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -219,4 +219,60 @@ async fn a_copy_arriving_after_the_inbox_forgot_is_told_as_guard_2_and_the_origi
     assert!(late[0].at > applied[0].at);
     assert!(steps(&story, PAYMENT_SERVICE, Kind::Guard1).is_empty());
     assert_eq!(steps(&story, PAYMENT_PROVIDER, Kind::Charged).len(), 1);
+}
+
+/// A story told while its order moves is a consistent one: with no copies, no step may
+/// be a guard or a forgotten claim, wherever a service's commit falls between the
+/// story's reads. Five orders wait for notification-service; once each has been told
+/// open, the service starts and works through them while each is told over and over.
+#[tokio::test]
+async fn a_story_told_while_its_order_moves_never_shows_a_guard_it_did_not_meet() {
+    let mut stack = Stack::start().await;
+    assert!(stack.terminate_service(NOTIFICATION_SERVICE).await);
+    let mut orders = Vec::new();
+    for _ in 0..5 {
+        let order_id = stack.place_order(1).await;
+        assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
+        orders.push(order_id);
+    }
+    let (told_open, mut each_told_open) = tokio::sync::mpsc::channel(orders.len());
+    let tellers: Vec<_> = orders
+        .iter()
+        .map(|&order_id| {
+            let sources = common::sources(&stack);
+            let told_open = told_open.clone();
+            tokio::spawn(async move {
+                let databases = Databases::connect(&sources).await.unwrap();
+                let mut first = true;
+                loop {
+                    let story = story::tell(&sources, &databases, order_id)
+                        .await
+                        .unwrap()
+                        .expect("the order exists");
+                    let wrong: Vec<&Step> = story
+                        .steps
+                        .iter()
+                        .filter(|s| matches!(s.kind, Kind::Guard1 | Kind::Guard2 | Kind::Forgotten))
+                        .collect();
+                    assert!(wrong.is_empty(), "{wrong:#?} in {:#?}", story.steps);
+                    if first {
+                        assert!(story.open, "notification-service is down: {story:#?}");
+                        told_open.send(()).await.unwrap();
+                        first = false;
+                    }
+                    let notified = story.steps.iter().any(|s| s.kind == Kind::Notified);
+                    if !story.open && notified {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in &orders {
+        each_told_open.recv().await.unwrap();
+    }
+    stack.start_service(NOTIFICATION_SERVICE).await;
+    for teller in tellers {
+        teller.await.unwrap();
+    }
 }

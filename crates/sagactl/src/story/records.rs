@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use rdkafka::Message as _;
 use rdkafka::message::OwnedMessage;
-use saga::Envelope;
+use saga::{Envelope, Topics};
 
 use super::fate::{Effect, fate};
 use super::{Databases, Kind, Step, consumers, place, records, timestamp};
@@ -14,27 +14,68 @@ use crate::Sources;
 /// A record, and the event it holds if it is one.
 type Event<'m> = (&'m OwnedMessage, Option<Envelope>);
 
-/// Every record about the order keyed `key`, and what each consumer made of it, pushed to
-/// `steps`; true if a record is not handled yet.
-pub(super) async fn on_topics(
-    sources: &Sources,
-    databases: &Databases,
-    key: &str,
-    caused: &HashMap<(&str, String), Effect>,
-    steps: &mut Vec<Step>,
-) -> anyhow::Result<bool> {
+/// A topic, and a service that consumes it.
+type Consumer = (String, &'static str);
+
+/// What the topics held about one order at one moment: its records on each topic, and
+/// each consumer's committed offsets and dead letters there.
+pub(super) struct OnTopics {
+    records: BTreeMap<String, Vec<OwnedMessage>>,
+    /// By topic and consumer: each partition's committed offset and end.
+    offsets: HashMap<Consumer, BTreeMap<i32, (i64, i64)>>,
+    dead_letters: HashMap<Consumer, Vec<OwnedMessage>>,
+}
+
+/// Reads every record about the order keyed `key`, then each consumer's offsets and dead
+/// letters. Read before any database: a consumer commits its transaction before its
+/// offset, so every record these offsets call handled has its claim and its effect
+/// visible to what is read after.
+pub(super) async fn read(sources: &Sources, key: &str) -> anyhow::Result<OnTopics> {
     let topics = &sources.topics;
-    let mut on_topic: BTreeMap<String, Vec<OwnedMessage>> = BTreeMap::new();
+    let mut on_topics = OnTopics {
+        records: BTreeMap::new(),
+        offsets: HashMap::new(),
+        dead_letters: HashMap::new(),
+    };
     for topic in [&topics.orders, &topics.payments, &topics.notifications] {
         let mine = records(&sources.kafka_brokers, topic)
             .await?
             .into_iter()
             .filter(|m| about(m, key))
             .collect();
-        on_topic.insert(topic.clone(), mine);
+        on_topics.records.insert(topic.clone(), mine);
     }
+    for (topic, service, _) in consumers(topics) {
+        let (brokers, group, consumed) = (
+            sources.kafka_brokers.clone(),
+            topics.group(service),
+            topic.clone(),
+        );
+        let offsets = tokio::task::spawn_blocking(move || {
+            saga::kafka::committed_and_end(&brokers, &group, &consumed)
+        })
+        .await??;
+        let dead_letters =
+            records(&sources.kafka_brokers, &topics.dead_letter(&topic, service)).await?;
+        on_topics.offsets.insert((topic.clone(), service), offsets);
+        on_topics
+            .dead_letters
+            .insert((topic, service), dead_letters);
+    }
+    Ok(on_topics)
+}
+
+/// Every record `on_topics` holds, and what each consumer made of it, pushed to `steps`;
+/// true if a record is not handled yet.
+pub(super) async fn tell(
+    topics: &Topics,
+    on_topics: &OnTopics,
+    databases: &Databases,
+    caused: &HashMap<(&str, String), Effect>,
+    steps: &mut Vec<Step>,
+) -> anyhow::Result<bool> {
     let mut open = false;
-    for (topic, messages) in &on_topic {
+    for (topic, messages) in &on_topics.records {
         // Copies are numbered in the order they were written, whatever their partition.
         let mut events: Vec<Event<'_>> = messages
             .iter()
@@ -46,17 +87,7 @@ pub(super) async fn on_topics(
             if &consumed != topic {
                 continue;
             }
-            let group = topics.group(service);
-            let offsets = {
-                let (brokers, group, topic) =
-                    (sources.kafka_brokers.clone(), group.clone(), topic.clone());
-                tokio::task::spawn_blocking(move || {
-                    saga::kafka::committed_and_end(&brokers, &group, &topic)
-                })
-                .await??
-            };
-            let dead_letters =
-                records(&sources.kafka_brokers, &topics.dead_letter(topic, service)).await?;
+            let read = (consumed, service);
             for (message, event) in &events {
                 let copies: Vec<&OwnedMessage> = events
                     .iter()
@@ -71,8 +102,8 @@ pub(super) async fn on_topics(
                     message,
                     event.as_ref(),
                     &copies,
-                    &offsets,
-                    &dead_letters,
+                    &on_topics.offsets[&read],
+                    &on_topics.dead_letters[&read],
                     databases.of(service),
                     caused,
                 )
