@@ -30,10 +30,21 @@ fn prometheus_scrapes_every_service_on_its_native_port_labelled_by_name() {
         .at(&["scrape_configs"])
         .as_sequence()
         .expect("a list");
+    // Found by name, so that every copy of a scaled service is scraped.
     let mut targets: Vec<String> = jobs
         .iter()
-        .flat_map(|job| job.at(&["static_configs"]).as_sequence().expect("a list"))
-        .flat_map(|targets| strings(targets.at(&["targets"])))
+        .flat_map(|job| job.at(&["dns_sd_configs"]).as_sequence().expect("a list"))
+        .flat_map(|lookup| {
+            assert_eq!(
+                text(lookup.at(&["type"])),
+                "A",
+                "compose's DNS has A records"
+            );
+            let port = text(lookup.at(&["port"]));
+            strings(lookup.at(&["names"]))
+                .into_iter()
+                .map(move |name| format!("{name}:{port}"))
+        })
         .collect();
     targets.sort();
     let mut wanted: Vec<String> = compose
@@ -47,8 +58,9 @@ fn prometheus_scrapes_every_service_on_its_native_port_labelled_by_name() {
     );
     let relabel = read(&workspace_root().join(PROMETHEUS_CONFIG));
     assert!(
-        relabel.contains("target_label: service"),
-        "the dashboard groups by a `service` label"
+        relabel.contains("source_labels: [__meta_dns_name]")
+            && relabel.contains("target_label: service"),
+        "the dashboard groups by a `service` label, the name the copies share"
     );
     assert_eq!(
         published_ports(prometheus),

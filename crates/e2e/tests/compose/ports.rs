@@ -1,11 +1,17 @@
 //! Ports: each service, PostgreSQL and Kafka listening and published where the native
-//! scripts put them, and reached there.
+//! scripts put them (the scalable consumers on the compose network only), and reached
+//! there.
 
 use crate::binaries::help_default;
 use crate::lib_sh::LibSh;
 use crate::yaml::{
     Compose, Node, env_var, environment, listener_addresses, published_ports, strings,
 };
+
+/// The services `docker compose up --scale` may run copies of: the consumers, which no
+/// client on the host calls, so they need no host port. order-service's API and the
+/// provider's stay on the host's ports, one copy each.
+pub(crate) const SCALABLE: [&str; 2] = ["payment-service", "notification-service"];
 
 #[test]
 fn each_service_listens_is_published_and_is_health_checked_on_its_native_port() {
@@ -22,12 +28,23 @@ fn each_service_listens_is_published_and_is_health_checked_on_its_native_port() 
              published port) on service_port from scripts/lib.sh"
         );
 
-        let published = published_ports(service);
-        assert_eq!(
-            published,
-            vec![(port.clone(), port.clone())],
-            "{name}: published ports (host, container) vs service_port in scripts/lib.sh"
-        );
+        if SCALABLE.contains(&name) {
+            assert!(
+                service.get(&["ports"]).is_none(),
+                "{name}: a host port would stop `docker compose up --scale {name}=3`"
+            );
+            assert_eq!(
+                strings(service.at(&["expose"])),
+                vec![port.clone()],
+                "{name}"
+            );
+        } else {
+            assert_eq!(
+                published_ports(service),
+                vec![(port.clone(), port.clone())],
+                "{name}: published ports (host, container) vs service_port in scripts/lib.sh"
+            );
+        }
 
         let check = strings(service.at(&["healthcheck", "test"])).join(" ");
         assert!(
