@@ -1,5 +1,5 @@
 //! TLS to PostgreSQL as an operator would set it: the saga with every service's
-//! DATABASE_URL on `sslmode=verify-full` against the test CA `scripts/infra-up` made,
+//! database URL, read from a file as a mounted secret is, on `sslmode=verify-full` against the test CA `scripts/infra-up` made,
 //! the server seeing each session encrypted; a server certificate from a CA the service
 //! does not trust stopping it at start-up with the setting to fix; and `verify-ca`
 //! taking a certificate that does not name the host, which `verify-full` refuses.
@@ -27,7 +27,8 @@ fn with_tls(url: &str, mode: &str, root: &Path) -> String {
     format!("{url}?sslmode={mode}&sslrootcert={}", root.display())
 }
 
-/// `service` on the stack's database, Kafka namespace and port, with `database_url`.
+/// `service` on the stack's database, Kafka namespace and port, with `database_url` in
+/// the file `DATABASE_URL_FILE` names.
 fn spawn(stack: &Stack, service: &'static str, database_url: &str) -> Child {
     let addr = stack
         .url_of(service)
@@ -38,12 +39,15 @@ fn spawn(stack: &Stack, service: &'static str, database_url: &str) -> Child {
     let log =
         std::fs::File::create(logs.join(format!("{}{service}-tls.log", stack.kafka.namespace)))
             .unwrap();
+    // From a file, as a mounted secret gives it.
+    let secret = logs.join(format!("{}{service}-database-url", stack.kafka.namespace));
+    std::fs::write(&secret, format!("{database_url}\n")).unwrap();
     let mut command = Command::new(binary(service));
     if service == PAYMENT_SERVICE {
         command.env("PROVIDER_URL", stack.provider_url());
     }
     command
-        .env("DATABASE_URL", database_url)
+        .env("DATABASE_URL_FILE", &secret)
         .env("KAFKA_BROKERS", &stack.kafka.brokers)
         .env("KAFKA_NAMESPACE", &stack.kafka.namespace)
         .env("HTTP_ADDR", addr)

@@ -65,9 +65,8 @@ pub const HISTORY_TABLE: &str = "provider_schema_history";
 #[derive(Clone, Parser)]
 #[command(version, about)]
 pub struct Config {
-    /// PostgreSQL URL of the provider's own database, as the provider's own role.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[command(flatten)]
+    pub database_url: saga::config::DatabaseUrl,
 
     /// Connections for the HTTP handlers.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8, value_parser = at_least_one())]
@@ -141,11 +140,11 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {}", config.http_addr))?;
         saga::db::migrate_when_reachable(|| {
-            saga::db::migrate_alone(&config.database_url, migrations, HISTORY_TABLE)
+            saga::db::migrate_alone(config.database_url.as_str(), migrations, HISTORY_TABLE)
         })
         .await
         .context("cannot migrate the database")?;
-        let pool = saga::db::pool(&config.database_url, config.database_pool_size)?;
+        let pool = saga::db::pool(config.database_url.as_str(), config.database_pool_size)?;
         Ok(Self {
             config,
             listener: SeverableListener(listener),
@@ -190,7 +189,7 @@ impl Application {
         )
         .layer(axum::middleware::from_fn(saga::metrics::track_http));
         let pruner = self.config.pruning.pruner(
-            &self.config.database_url,
+            self.config.database_url.as_str(),
             vec![Target::idempotency_keys(
                 self.config.keys.idempotency_key_ttl,
             )],

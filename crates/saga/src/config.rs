@@ -15,12 +15,58 @@ pub fn at_least_one() -> impl TypedValueParser<Value = usize> {
     clap::value_parser!(u32).range(1..).map(|n| n as usize)
 }
 
+fn read_secret(path: &str) -> Result<String, String> {
+    crate::secrets::read(path).map_err(|error| format!("cannot read {path}: {error}"))
+}
+
+/// The service's database: `DATABASE_URL`, or `DATABASE_URL_FILE` naming a file that
+/// holds it.
 #[derive(Clone, Args)]
-pub struct DatabaseConfig {
+pub struct DatabaseUrl {
     /// PostgreSQL URL of this service's own database, as the service's own role.
     // Its password must not show in `--help`, which prints the variables' values.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        required_unless_present = "database_url_file"
+    )]
+    database_url: Option<String>,
+
+    /// The same, read from this file (a final newline dropped), as Docker and Kubernetes
+    /// mount secrets.
+    #[arg(long, env = "DATABASE_URL_FILE", value_parser = read_secret,
+          conflicts_with = "database_url")]
+    database_url_file: Option<String>,
+}
+
+impl DatabaseUrl {
+    pub fn new(url: &str) -> Self {
+        Self {
+            database_url: Some(url.to_owned()),
+            database_url_file: None,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.database_url
+            .as_deref()
+            .or(self.database_url_file.as_deref())
+            .expect("clap requires one of the two")
+    }
+}
+
+/// By hand, so that no debug print of a service's settings shows the password.
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::db::redacted(self.as_str()))
+    }
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct DatabaseConfig {
+    #[command(flatten)]
+    pub database_url: DatabaseUrl,
 
     /// Connections for the HTTP handlers.
     #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 8, value_parser = at_least_one())]
@@ -77,18 +123,6 @@ impl Default for HttpLimits {
                 .expect("the default parses"),
             http_max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
         }
-    }
-}
-
-/// By hand, so that no debug print of a service's settings shows the password.
-impl std::fmt::Debug for DatabaseConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DatabaseConfig")
-            .field("database_url", &crate::db::redacted(&self.database_url))
-            .field("database_pool_size", &self.database_pool_size)
-            .field("consumer_pool_size", &self.consumer_pool_size)
-            .field("singleton_lease", &self.singleton_lease)
-            .finish()
     }
 }
 
@@ -239,5 +273,81 @@ impl RetentionConfig {
                 prune_duty_cycle: 20,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::DatabaseUrl;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        database: DatabaseUrl,
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("service").chain(args.iter().copied()))
+    }
+
+    /// A secret file with its final newline, as `echo url > file` writes it.
+    fn secret(content: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("database-url-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&path, content).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_url_is_read_from_the_file_without_its_final_newline() {
+        let path = secret("postgres://saga:pw@db/orders\n");
+        let cli = parse(&["--database-url-file", path.to_str().unwrap()]).unwrap();
+        assert_eq!(cli.database.as_str(), "postgres://saga:pw@db/orders");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn the_url_given_both_ways_is_refused() {
+        let path = secret("postgres://saga:pw@db/orders");
+        let error = parse(&[
+            "--database-url-file",
+            path.to_str().unwrap(),
+            "--database-url",
+            "postgres://saga:pw@db/orders",
+        ])
+        .err()
+        .expect("refused");
+        assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_missing_file_is_named_in_the_error() {
+        let error = parse(&["--database-url-file", "/nowhere/database-url"])
+            .err()
+            .expect("refused");
+        assert_eq!(error.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(
+            error
+                .to_string()
+                .contains("cannot read /nowhere/database-url: "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn neither_way_is_refused_as_missing() {
+        let error = parse(&[]).err().expect("refused");
+        assert_eq!(
+            error.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+    }
+
+    #[test]
+    fn a_debug_print_hides_the_password() {
+        let url = DatabaseUrl::new("postgres://saga:hunter2@db/orders");
+        assert!(!format!("{url:?}").contains("hunter2"), "{url:?}");
     }
 }

@@ -33,8 +33,8 @@
 //! - [`trace`]: one order's trace across every service, W3C trace context carried through
 //!   the outbox, Kafka headers and HTTP calls; exported by [`telemetry`].
 //! - [`probes`]: `/livez` and `/readyz` for an orchestrator.
-//! - [`db`], [`kafka`], [`config`], [`telemetry`], [`shutdown`], [`http`], [`service`],
-//!   [`binary`]: plumbing shared by the three services.
+//! - [`db`], [`kafka`], [`config`], [`secrets`], [`telemetry`], [`shutdown`], [`http`],
+//!   [`service`], [`binary`]: plumbing shared by the three services.
 //!
 //! What the saga does **not** promise: exactly-once delivery (every event may arrive
 //! more than once, and the handlers make that harmless), or automatic rollback (a failed
@@ -61,6 +61,7 @@ pub mod probes;
 pub mod redrive;
 pub mod retention;
 pub mod retry;
+pub mod secrets;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;

@@ -76,17 +76,17 @@ impl Service {
             .await
             .with_context(|| format!("cannot listen on {http_addr}"))?;
         db::migrate_when_reachable(|| {
-            db::migrate(&database.database_url, migrations, history_table)
+            db::migrate(database.database_url.as_str(), migrations, history_table)
         })
         .await
         .context("cannot migrate the database")?;
         Ok(Self {
             name,
-            pool: db::pool(&database.database_url, database.database_pool_size)?,
+            pool: db::pool(database.database_url.as_str(), database.database_pool_size)?,
             relay: LocalRelay::default(),
-            consumer_pool: db::pool(&database.database_url, database.consumer_pool_size)?,
+            consumer_pool: db::pool(database.database_url.as_str(), database.consumer_pool_size)?,
             listener,
-            database_url: database.database_url.clone(),
+            database_url: database.database_url.as_str().to_owned(),
             singleton_lease: database.singleton_lease,
             kafka: kafka.clone(),
             retention: retention.clone(),

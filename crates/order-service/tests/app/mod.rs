@@ -51,7 +51,7 @@ pub async fn spawn_app() -> TestApp {
 pub fn config(db: &TestDatabase, kafka: &TestKafka, idempotency: IdempotencyConfig) -> Config {
     Config {
         database: DatabaseConfig {
-            database_url: db.url.clone(),
+            database_url: saga::config::DatabaseUrl::new(&db.url),
             database_pool_size: 4,
             consumer_pool_size: 2,
             singleton_lease: saga::lease::DEFAULT_LEASE,

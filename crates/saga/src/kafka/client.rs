@@ -130,12 +130,7 @@ impl ClientProperties {
                     path: value.clone(),
                     error: error.to_string(),
                 })?;
-                // A secret file written by `echo` or an editor ends in a newline that is
-                // no part of the secret.
-                read.strip_suffix('\n')
-                    .map(|v| v.strip_suffix('\r').unwrap_or(v))
-                    .unwrap_or(&read)
-                    .to_owned()
+                crate::secrets::without_final_newline(&read).to_owned()
             } else {
                 value
             };
