@@ -144,7 +144,11 @@ impl Application {
         })
         .await
         .context("cannot migrate the database")?;
-        let pool = saga::db::pool(config.database_url.as_str(), config.database_pool_size)?;
+        let pool = saga::db::pool(
+            config.database_url.as_str(),
+            config.database_pool_size,
+            saga::lease::DEFAULT_LEASE,
+        )?;
         Ok(Self {
             config,
             listener: SeverableListener(listener),

@@ -79,7 +79,8 @@ pub struct DatabaseConfig {
 
     /// How long the outbox relay, the pruner and the deadline sweeper stay with a copy of
     /// the service that froze or vanished before another copy takes them over (see
-    /// `saga::lease`); a live holder renews it every third of it. At least 1s.
+    /// `saga::lease`); a live holder renews it every third of it. A transaction such a
+    /// copy left open is ended after as long, releasing its locks. At least 1s.
     #[arg(long, env = "SINGLETON_LEASE", default_value = "10s",
           value_parser = lease_duration)]
     pub singleton_lease: Duration,

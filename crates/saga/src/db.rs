@@ -10,7 +10,7 @@ pub mod tls;
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use postgres_openssl::{MakeTlsConnector, TlsStream};
 use tokio_postgres::{Client, Connection, Socket};
 
@@ -146,7 +146,17 @@ pub fn parse_url(url: &str) -> Result<Config, DbError> {
 /// A pool of at most `max_size` connections to the service's database. Connections are
 /// made lazily, so a service starts even while the database is down and recovers when it
 /// is back.
-pub fn pool(database_url: &str, max_size: usize) -> Result<Pool, DbError> {
+///
+/// The server ends any of its transactions left idle for `abandoned_after`
+/// (`idle_in_transaction_session_timeout`). A copy frozen in the middle of one (SIGSTOP,
+/// a paused VM) would otherwise keep its row locks for as long as it stays frozen: the
+/// order row a redelivered event needs, or the `Idempotency-Key` a client retries on
+/// another copy. No transaction here waits on anything but its own statements.
+pub fn pool(
+    database_url: &str,
+    max_size: usize,
+    abandoned_after: Duration,
+) -> Result<Pool, DbError> {
     let config = parse_url(database_url)?;
     let manager = Manager::from_config(
         config.postgres,
@@ -155,7 +165,15 @@ pub fn pool(database_url: &str, max_size: usize) -> Result<Pool, DbError> {
             recycling_method: RecyclingMethod::Fast,
         },
     );
+    let set = format!(
+        "SET idle_in_transaction_session_timeout = {}",
+        abandoned_after.as_millis().max(1)
+    );
     Ok(Pool::builder(manager)
+        .post_create(Hook::async_fn(move |client, _| {
+            let set = set.clone();
+            Box::pin(async move { client.batch_execute(&set).await.map_err(HookError::Backend) })
+        }))
         .max_size(max_size)
         .wait_timeout(Some(Duration::from_secs(10)))
         .create_timeout(Some(Duration::from_secs(5)))

@@ -82,9 +82,17 @@ impl Service {
         .context("cannot migrate the database")?;
         Ok(Self {
             name,
-            pool: db::pool(database.database_url.as_str(), database.database_pool_size)?,
+            pool: db::pool(
+                database.database_url.as_str(),
+                database.database_pool_size,
+                database.singleton_lease,
+            )?,
             relay: LocalRelay::default(),
-            consumer_pool: db::pool(database.database_url.as_str(), database.consumer_pool_size)?,
+            consumer_pool: db::pool(
+                database.database_url.as_str(),
+                database.consumer_pool_size,
+                database.singleton_lease,
+            )?,
             listener,
             database_url: database.database_url.as_str().to_owned(),
             singleton_lease: database.singleton_lease,

@@ -101,7 +101,7 @@ async fn a_commit_after_a_failed_pipelined_write_fails_and_commits_nothing() {
 #[tokio::test]
 async fn a_dropped_transaction_is_rolled_back_before_the_connection_is_used_again() {
     let db = database().await;
-    let pool = saga::db::pool(&db.url, 1).unwrap();
+    let pool = saga::db::pool(&db.url, 1, saga::lease::DEFAULT_LEASE).unwrap();
     let mut committed = Vec::new();
     for id in 0..300 {
         let client = pool.get().await.unwrap();

@@ -102,7 +102,7 @@ impl TestDatabase {
             .await
             .expect("the test role may create databases (for the services' roles)");
         let url = url_of(&postgres_admin_url(), None, &name);
-        let pool = saga::db::pool(&url, 8).unwrap();
+        let pool = saga::db::pool(&url, 8, saga::lease::DEFAULT_LEASE).unwrap();
         Self { name, url, pool }
     }
 
