@@ -2,6 +2,8 @@
 //! holds its outbox relay, pruner and deadline sweeper is frozen (SIGSTOP) until other
 //! copies have taken the three over, then thawed, after which it publishes nothing; then
 //! the relay's holder of every service is SIGKILLed while standbys wait, and restarted.
+//! The figures: each takeover, the orders placed meanwhile, and how long each service's
+//! partitions went unread after its kill.
 
 use std::time::{Duration, Instant};
 
@@ -200,27 +202,61 @@ async fn freeze_the_holder(stack: &mut Stack, load: &Load) -> String {
     )
 }
 
+/// The database's clock now, in milliseconds since the epoch: when a claim's
+/// `processed_at` is compared with it, both come from the one clock.
+async fn clock_ms(stack: &Stack, service: &str) -> i64 {
+    stack
+        .database(service)
+        .count(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await
+}
+
+/// How long the consumers of `service` left a partition unread after one of them was
+/// SIGKILLed at `killed_ms`: the longest any partition waited for its next claim. The
+/// group gives the dead member's partitions away only once its session times out, and a
+/// rebalance takes every partition from every member meanwhile.
+async fn rebalance_pause(stack: &Stack, service: &str, killed_ms: i64) -> Duration {
+    let waited = stack
+        .database(service)
+        .count(
+            "SELECT coalesce(max(first - $1::bigint), 0) FROM (
+                 SELECT (extract(epoch FROM min(processed_at)) * 1000)::bigint AS first
+                   FROM processed_events
+                  WHERE processed_at > to_timestamp($1::bigint / 1000.0)
+                  GROUP BY topic, partition) AS after",
+            &[&killed_ms],
+        )
+        .await;
+    Duration::from_millis(u64::try_from(waited).expect("after the kill"))
+}
+
 /// SIGKILLs the relay's holder of every service while standbys wait, then restarts it.
-/// Returns the figures.
-async fn kill_the_holders(stack: &mut Stack, load: &Load) -> String {
+/// Returns the figures, and when (the database's clock) each service's copy was killed.
+async fn kill_the_holders(stack: &mut Stack, load: &Load) -> (String, Vec<(&'static str, i64)>) {
     let accepted = load.accepted();
     let mut takeovers = Vec::new();
+    let mut kills = Vec::new();
     for service in SERVICES {
         let killed = holder(stack, service, RELAY, "").expect("a copy holds the relay");
         assert_under_load(load, &format!("{killed} was killed"));
         stack.kill_instance(&killed).await;
         let killed_at = Instant::now();
+        kills.push((service, clock_ms(stack, service).await));
         // The killed copy's sessions close with it: a standby's next try takes the lease.
         let (copy, after) = taken_over(stack, service, RELAY, (&killed, killed_at)).await;
         takeovers.push(format!("{killed} → {copy} in {:.1} s", after.as_secs_f64()));
         let exited = stack.start_instance(service, &killed, None).await;
         assert!(exited.is_none(), "{killed} exited: {exited:?}");
     }
-    format!(
+    let figures = format!(
         "relay holders SIGKILLed and restarted: {}; {} orders placed meanwhile",
         takeovers.join(", "),
         load.accepted() - accepted
-    )
+    );
+    (figures, kills)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,9 +277,14 @@ async fn replicas_three_copies_each_with_singleton_holders_frozen_and_killed_los
     load.reached(at(1, 3)).await;
     let freeze = freeze_the_holder(&mut stack, &load).await;
     load.reached(at(2, 3)).await;
-    let kills = kill_the_holders(&mut stack, &load).await;
+    let (kills, killed_at) = kill_the_holders(&mut stack, &load).await;
 
     let (findings, _) = drain_and_check(&mut stack, load, None, Vec::new()).await;
+    let mut pauses = Vec::new();
+    for (service, killed_ms) in killed_at {
+        let pause = rebalance_pause(&stack, service, killed_ms).await;
+        pauses.push(format!("{service} {:.1} s", pause.as_secs_f64()));
+    }
     let assignments: Vec<String> = SERVICES
         .iter()
         .map(|s| {
@@ -255,7 +296,9 @@ async fn replicas_three_copies_each_with_singleton_holders_frozen_and_killed_los
         .collect();
     let injected = format!(
         "{COPIES} copies of each service, SINGLETON_LEASE {LEASE}; {freeze}; {kills}; \
-         partition assignments logged: {}",
+         longest a partition went unread after the kill (the rebalance): {}; partition \
+         assignments logged: {}",
+        pauses.join(", "),
         assignments.join(", ")
     );
     conclude(
