@@ -1,7 +1,8 @@
 //! docker-compose.yml against the code and the native scripts (scripts/lib.sh): both
 //! setups must run the same binaries with settings the binaries understand, on the same
 //! ports, with the same topics and databases; and docker-compose.cluster.yml against the
-//! native three-node cluster (scripts/infra-up --brokers 3). Nothing here needs Docker or the
+//! native three-node cluster (scripts/infra-up --brokers 3), and docker-compose.sasl.yml
+//! against the native broker's SASL_SSL listener. Nothing here needs Docker or the
 //! infrastructure: the files are parsed, and each binary's `--help` says what it reads.
 //!
 //! The binaries must be built first (`cargo build --bins`; `scripts/test` does it).
@@ -21,6 +22,8 @@ mod monitoring;
 mod ports;
 #[path = "compose/postgres.rs"]
 mod postgres;
+#[path = "compose/sasl.rs"]
+mod sasl;
 #[path = "compose/services.rs"]
 mod services;
 #[path = "compose/tracing.rs"]

@@ -144,10 +144,9 @@ const PLACE_SPECIFIC: [&str; 8] = [
 ];
 
 /// The native broker's SASL_SSL listener (port 9094, for trying the services over TLS
-/// with a login): its keystore and users are made by `scripts/infra-up` on the host, and
-/// the ACLs it has the authorizer for concern its users alone. The container has no such
-/// listener: a compose user who wants one sets these on the broker and `KAFKA_CLIENT_*`
-/// on the services (docs/cluster.md, "Kafka over TLS and SASL").
+/// with a login), and the ACLs it has the authorizer for, which concern its users alone:
+/// the main file's broker has neither, docker-compose.sasl.yml adds both (held to the
+/// native ones by compose/sasl.rs).
 fn native_only(key: &str) -> bool {
     key.starts_with("listener.name.sasl_ssl.")
         || [

@@ -1,0 +1,165 @@
+//! docker-compose.sasl.yml against the native broker's SASL_SSL listener
+//! (`scripts/infra-up`, deploy/kafka/server.properties): the same port, mechanisms,
+//! users, password and ACLs, and every Kafka client of the main file logging in on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::lib_sh::LibSh;
+use crate::read;
+use crate::yaml::{
+    Compose, Node, env_var, environment, listener_addresses, published_ports, strings,
+};
+
+const OVERLAY: &str = "docker-compose.sasl.yml";
+/// Where the overlay mounts the volume kafka-tls fills.
+const SECRETS: &str = "/etc/kafka/secrets";
+
+/// The broker's environment with the overlay laid over the main file's.
+fn broker(base: &Compose, overlay: &Compose) -> BTreeMap<String, String> {
+    let mut env = environment(base.service("kafka"));
+    env.extend(environment(overlay.service("kafka")));
+    env
+}
+
+/// `key=value` of deploy/kafka/server.properties, its placeholders filled as
+/// scripts/infra-up fills them.
+fn native(lib: &LibSh, key: &str) -> String {
+    let properties = read(&saga_e2e::workspace_root().join("deploy/kafka/server.properties"));
+    let line = properties
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("server.properties: no {key}"));
+    [
+        "KAFKA_SASL_USER",
+        "KAFKA_SASL_DENIED_USER",
+        "KAFKA_SASL_PASSWORD",
+    ]
+    .iter()
+    .fold(line.to_owned(), |line, name| {
+        line.replace(&format!("@{name}@"), &lib.scalar(name))
+    })
+}
+
+/// The password as compose fills it in when the environment gives none.
+fn compose_default(value: &str) -> String {
+    value.replace("${KAFKA_SASL_PASSWORD:-saga-kafka-pw}", "saga-kafka-pw")
+}
+
+#[test]
+fn the_overlays_listener_is_the_native_ones_port_mechanisms_users_and_acls() {
+    let (base, overlay, lib) = (Compose::load(), Compose::load_file(OVERLAY), LibSh::load());
+    let env = broker(&base, &overlay);
+    let port = lib.scalar("KAFKA_SASL_PORT");
+    assert_eq!(
+        published_ports(overlay.service("kafka")),
+        vec![(port.clone(), port.clone())],
+        "the host's SASL_SSL port, KAFKA_SASL_PORT in scripts/lib.sh"
+    );
+    let advertised = listener_addresses(&env_var(&env, "kafka", "KAFKA_ADVERTISED_LISTENERS"));
+    assert!(
+        advertised.contains(&("AUTH_HOST".into(), format!("127.0.0.1:{port}"))),
+        "{advertised:?}"
+    );
+    let protocols = env_var(&env, "kafka", "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP");
+    let sasl_listeners: Vec<&str> = protocols
+        .split(',')
+        .filter_map(|pair| pair.strip_suffix(":SASL_SSL"))
+        .collect();
+    assert_eq!(
+        sasl_listeners,
+        ["AUTH_INTERNAL", "AUTH_HOST"],
+        "{protocols}"
+    );
+
+    for (variable, key) in [
+        ("KAFKA_SASL_ENABLED_MECHANISMS", "sasl.enabled.mechanisms"),
+        ("KAFKA_AUTHORIZER_CLASS_NAME", "authorizer.class.name"),
+        ("KAFKA_SUPER_USERS", "super.users"),
+    ] {
+        assert_eq!(
+            env_var(&env, "kafka", variable),
+            native(&lib, key),
+            "{variable}"
+        );
+    }
+    let mechanisms = native(&lib, "sasl.enabled.mechanisms");
+    for listener in &sasl_listeners {
+        for mechanism in mechanisms.split(',') {
+            let key = format!(
+                "listener.name.sasl_ssl.{}.sasl.jaas.config",
+                mechanism.to_lowercase()
+            );
+            // The image's convention: `_` in a name is `__`, `-` is `___`.
+            let variable = format!(
+                "KAFKA_LISTENER_NAME_{}_{}_SASL_JAAS_CONFIG",
+                listener.replace('_', "__"),
+                mechanism.replace('-', "___")
+            );
+            assert_eq!(
+                compose_default(&env_var(&env, "kafka", &variable)),
+                native(&lib, &key),
+                "{variable}"
+            );
+        }
+    }
+
+    let users = environment(overlay.service("kafka-users"));
+    assert_eq!(
+        env_var(&users, "kafka-users", "USERS"),
+        format!(
+            "{} {}",
+            lib.scalar("KAFKA_SASL_USER"),
+            lib.scalar("KAFKA_SASL_DENIED_USER")
+        )
+    );
+    assert_eq!(
+        compose_default(&env_var(&users, "kafka-users", "PASSWORD")),
+        lib.scalar("KAFKA_SASL_PASSWORD")
+    );
+}
+
+#[test]
+fn every_kafka_client_logs_in_on_the_overlays_listener_trusting_its_ca() {
+    let (base, overlay, lib) = (Compose::load(), Compose::load_file(OVERLAY), LibSh::load());
+    let env = broker(&base, &overlay);
+    let internal = listener_addresses(&env_var(&env, "kafka", "KAFKA_ADVERTISED_LISTENERS"))
+        .into_iter()
+        .find(|(name, _)| name == "AUTH_INTERNAL")
+        .expect("an AUTH_INTERNAL listener")
+        .1;
+    let mechanisms: BTreeSet<String> = native(&lib, "sasl.enabled.mechanisms")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let clients: Vec<&str> = base.kafka_clients().map(|(name, _)| name).collect();
+    assert!(!clients.is_empty());
+    for name in clients {
+        let service = overlay
+            .find(name)
+            .unwrap_or_else(|| panic!("{OVERLAY}: {name} is a Kafka client and not on SASL_SSL"));
+        let env = environment(service);
+        assert_eq!(env_var(&env, name, "KAFKA_BROKERS"), internal, "{name}");
+        assert_eq!(
+            env_var(&env, name, "KAFKA_CLIENT_SECURITY_PROTOCOL"),
+            "SASL_SSL"
+        );
+        let mechanism = env_var(&env, name, "KAFKA_CLIENT_SASL_MECHANISM");
+        assert!(mechanisms.contains(&mechanism), "{name}: {mechanism}");
+        assert_eq!(
+            env_var(&env, name, "KAFKA_CLIENT_SASL_USERNAME"),
+            lib.scalar("KAFKA_SASL_USER")
+        );
+        assert_eq!(
+            compose_default(&env_var(&env, name, "KAFKA_CLIENT_SASL_PASSWORD")),
+            lib.scalar("KAFKA_SASL_PASSWORD")
+        );
+        assert_eq!(
+            env_var(&env, name, "KAFKA_CLIENT_SSL_CA_LOCATION"),
+            format!("{SECRETS}/ca.pem")
+        );
+        assert!(
+            strings(service.at(&["volumes"])).contains(&format!("kafka-secrets:{SECRETS}:ro")),
+            "{name}: the CA's volume"
+        );
+    }
+}
