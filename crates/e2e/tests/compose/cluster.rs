@@ -2,50 +2,34 @@
 //! (`scripts/infra-up --brokers 3`): each node's settings and ports, and every client
 //! given the three nodes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use regex::Regex;
-use saphyr::YamlOwned;
 
 use crate::kafka::assert_configured_like;
 use crate::lib_sh::LibSh;
 use crate::yaml::port_pairs;
-use crate::yaml::{Compose, Node, env_var, environment, listener_addresses, text};
+use crate::yaml::{Overlaid, env_var, listener_addresses, text};
 
 /// The cluster's nodes in docker-compose.cluster.yml, in the order of
 /// `KAFKA_CLUSTER_NODES` in scripts/lib.sh: the main file's broker is node 1.
 const CLUSTER_NODES: [&str; 3] = ["kafka", "kafka-2", "kafka-3"];
 
-/// docker-compose.yml with docker-compose.cluster.yml laid over it, as
-/// `docker compose -f docker-compose.yml -f docker-compose.cluster.yml` merges them:
-/// environments key by key.
-struct ClusterCompose {
-    base: Compose,
-    overlay: Compose,
+/// docker-compose.yml with docker-compose.cluster.yml laid over it.
+struct ClusterCompose(Overlaid);
+
+impl std::ops::Deref for ClusterCompose {
+    type Target = Overlaid;
+
+    fn deref(&self) -> &Overlaid {
+        &self.0
+    }
 }
 
 impl ClusterCompose {
     fn load() -> Self {
-        Self {
-            base: Compose::load(),
-            overlay: Compose::load_file("docker-compose.cluster.yml"),
-        }
-    }
-
-    fn environment(&self, name: &str) -> BTreeMap<String, String> {
-        let mut env = self.base.find(name).map(environment).unwrap_or_default();
-        env.extend(self.overlay.find(name).map(environment).unwrap_or_default());
-        env
-    }
-
-    /// A setting of the overlay's, or else the main file's.
-    fn at(&self, name: &str, path: &[&str]) -> &YamlOwned {
-        self.overlay
-            .find(name)
-            .and_then(|s| s.get(path))
-            .or_else(|| self.base.find(name).and_then(|s| s.get(path)))
-            .unwrap_or_else(|| panic!("{name}: no {} in either compose file", path.join(".")))
+        Self(Overlaid::load("docker-compose.cluster.yml"))
     }
 
     /// (listener, host:port) of `node`'s advertised listeners.

@@ -164,22 +164,31 @@ fn the_broker_is_configured_like_the_native_one() {
     assert_configured_like("kafka", &env, "deploy/kafka/server.properties");
 }
 
+/// The settings of the native broker's properties file `file` (under deploy/kafka), as
+/// written: placeholders are scripts/infra-up's to fill.
+pub(crate) fn native_properties(file: &str) -> BTreeMap<String, String> {
+    read(&workspace_root().join(file))
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (key, value) = line
+                .split_once('=')
+                .unwrap_or_else(|| panic!("{file}: not key=value: {line}"));
+            (key.to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
 /// Every setting of the native properties file `file` but the place-specific ones is
 /// the container's `KAFKA_<NAME>` variable, and the other way round.
 pub(crate) fn assert_configured_like(service: &str, env: &BTreeMap<String, String>, file: &str) {
-    let properties = read(&workspace_root().join(file));
     let mut native = BTreeMap::new();
-    for line in properties.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (key, value) = line
-            .split_once('=')
-            .unwrap_or_else(|| panic!("{file}: not key=value: {line}"));
-        if !PLACE_SPECIFIC.contains(&key) && !native_only(key) {
+    for (key, value) in native_properties(file) {
+        if !PLACE_SPECIFIC.contains(&key.as_str()) && !native_only(&key) {
             // The image's convention: KAFKA_ and the property in upper case, `.` as `_`.
             let variable = format!("KAFKA_{}", key.to_uppercase().replace('.', "_"));
-            native.insert(variable, value.to_owned());
+            native.insert(variable, value);
         }
     }
     assert!(!native.is_empty(), "nothing compared: has {file} moved?");

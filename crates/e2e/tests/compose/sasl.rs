@@ -2,41 +2,34 @@
 //! (`scripts/infra-up`, deploy/kafka/server.properties): the same port, mechanisms,
 //! users, password and ACLs, and every Kafka client of the main file logging in on it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
+use crate::kafka::native_properties;
 use crate::lib_sh::LibSh;
-use crate::read;
 use crate::yaml::{
-    Compose, Node, env_var, environment, listener_addresses, published_ports, strings,
+    Node, Overlaid, env_var, environment, listener_addresses, published_ports, strings,
 };
 
 const OVERLAY: &str = "docker-compose.sasl.yml";
 /// Where the overlay mounts the volume kafka-tls fills.
 const SECRETS: &str = "/etc/kafka/secrets";
 
-/// The broker's environment with the overlay laid over the main file's.
-fn broker(base: &Compose, overlay: &Compose) -> BTreeMap<String, String> {
-    let mut env = environment(base.service("kafka"));
-    env.extend(environment(overlay.service("kafka")));
-    env
-}
+const SERVER_PROPERTIES: &str = "deploy/kafka/server.properties";
 
-/// `key=value` of deploy/kafka/server.properties, its placeholders filled as
-/// scripts/infra-up fills them.
+/// `key` of the native broker's properties, its placeholders filled as scripts/infra-up
+/// fills them.
 fn native(lib: &LibSh, key: &str) -> String {
-    let properties = read(&saga_e2e::workspace_root().join("deploy/kafka/server.properties"));
-    let line = properties
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("server.properties: no {key}"));
+    let value = native_properties(SERVER_PROPERTIES)
+        .remove(key)
+        .unwrap_or_else(|| panic!("{SERVER_PROPERTIES}: no {key}"));
     [
         "KAFKA_SASL_USER",
         "KAFKA_SASL_DENIED_USER",
         "KAFKA_SASL_PASSWORD",
     ]
     .iter()
-    .fold(line.to_owned(), |line, name| {
-        line.replace(&format!("@{name}@"), &lib.scalar(name))
+    .fold(value, |value, name| {
+        value.replace(&format!("@{name}@"), &lib.scalar(name))
     })
 }
 
@@ -47,11 +40,11 @@ fn compose_default(value: &str) -> String {
 
 #[test]
 fn the_overlays_listener_is_the_native_ones_port_mechanisms_users_and_acls() {
-    let (base, overlay, lib) = (Compose::load(), Compose::load_file(OVERLAY), LibSh::load());
-    let env = broker(&base, &overlay);
+    let (compose, lib) = (Overlaid::load(OVERLAY), LibSh::load());
+    let env = compose.environment("kafka");
     let port = lib.scalar("KAFKA_SASL_PORT");
     assert_eq!(
-        published_ports(overlay.service("kafka")),
+        published_ports(compose.overlay.service("kafka")),
         vec![(port.clone(), port.clone())],
         "the host's SASL_SSL port, KAFKA_SASL_PORT in scripts/lib.sh"
     );
@@ -103,7 +96,7 @@ fn the_overlays_listener_is_the_native_ones_port_mechanisms_users_and_acls() {
         }
     }
 
-    let users = environment(overlay.service("kafka-users"));
+    let users = compose.environment("kafka-users");
     assert_eq!(
         env_var(&users, "kafka-users", "USERS"),
         format!(
@@ -120,8 +113,8 @@ fn the_overlays_listener_is_the_native_ones_port_mechanisms_users_and_acls() {
 
 #[test]
 fn every_kafka_client_logs_in_on_the_overlays_listener_trusting_its_ca() {
-    let (base, overlay, lib) = (Compose::load(), Compose::load_file(OVERLAY), LibSh::load());
-    let env = broker(&base, &overlay);
+    let (compose, lib) = (Overlaid::load(OVERLAY), LibSh::load());
+    let env = compose.environment("kafka");
     let internal = listener_addresses(&env_var(&env, "kafka", "KAFKA_ADVERTISED_LISTENERS"))
         .into_iter()
         .find(|(name, _)| name == "AUTH_INTERNAL")
@@ -131,10 +124,11 @@ fn every_kafka_client_logs_in_on_the_overlays_listener_trusting_its_ca() {
         .split(',')
         .map(str::to_owned)
         .collect();
-    let clients: Vec<&str> = base.kafka_clients().map(|(name, _)| name).collect();
+    let clients: Vec<&str> = compose.base.kafka_clients().map(|(name, _)| name).collect();
     assert!(!clients.is_empty());
     for name in clients {
-        let service = overlay
+        let service = compose
+            .overlay
             .find(name)
             .unwrap_or_else(|| panic!("{OVERLAY}: {name} is a Kafka client and not on SASL_SSL"));
         let env = environment(service);

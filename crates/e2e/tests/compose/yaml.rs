@@ -98,6 +98,38 @@ impl Node for YamlOwned {
     }
 }
 
+/// docker-compose.yml with an overlay file laid over it, as `docker compose -f
+/// docker-compose.yml -f <overlay>` merges them: environments key by key, any other
+/// setting the overlay's if it has one.
+pub(crate) struct Overlaid {
+    pub(crate) base: Compose,
+    pub(crate) overlay: Compose,
+}
+
+impl Overlaid {
+    pub(crate) fn load(overlay: &str) -> Self {
+        Self {
+            base: Compose::load(),
+            overlay: Compose::load_file(overlay),
+        }
+    }
+
+    pub(crate) fn environment(&self, name: &str) -> BTreeMap<String, String> {
+        let mut env = self.base.find(name).map(environment).unwrap_or_default();
+        env.extend(self.overlay.find(name).map(environment).unwrap_or_default());
+        env
+    }
+
+    /// A setting of the overlay's, or else the main file's.
+    pub(crate) fn at(&self, name: &str, path: &[&str]) -> &YamlOwned {
+        self.overlay
+            .find(name)
+            .and_then(|s| s.get(path))
+            .or_else(|| self.base.find(name).and_then(|s| s.get(path)))
+            .unwrap_or_else(|| panic!("{name}: no {} in either compose file", path.join(".")))
+    }
+}
+
 /// A scalar as compose reads it: environment values and ports may be written unquoted.
 pub(crate) fn text(node: &YamlOwned) -> String {
     match node {
