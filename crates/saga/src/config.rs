@@ -35,6 +35,7 @@ pub struct DatabaseUrl {
 
     /// The same, read from this file (a final newline dropped), as Docker and Kubernetes
     /// mount secrets.
+    // Holds the file's content, the URL itself: the parser reads it once, at start-up.
     #[arg(long, env = "DATABASE_URL_FILE", value_parser = read_secret,
           conflicts_with = "database_url")]
     database_url_file: Option<String>,
