@@ -183,6 +183,22 @@ pub struct Traces {
     /// Spans the receiver got in the steps exporting.
     pub spans: u64,
     pub spans_per_order: f64,
+    /// Milliseconds of CPU per order, by part of the machine, over each mode's steps:
+    /// steadier than the rates, and it says who pays.
+    pub cpu_off: CpuPerOrder,
+    pub cpu_on: CpuPerOrder,
+}
+
+/// Milliseconds of CPU time per order settled, by part of the machine.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CpuPerOrder {
+    /// Each service, and the card provider, by name.
+    pub services: BTreeMap<String, f64>,
+    pub postgres: f64,
+    pub kafka: f64,
+    pub load_generator: f64,
+    /// All cores' busy time.
+    pub machine: f64,
 }
 
 /// A backlog of orders until every one settled.

@@ -333,6 +333,29 @@ impl Report {
             fmt(100.0 * t.on_per_second / t.off_per_second),
             t.spans,
             t.spans_per_order,
+        ) + &self.traces_cpu()
+    }
+
+    /// Where exporting's cost went: CPU per order by part, off against on.
+    fn traces_cpu(&self) -> String {
+        let (off, on) = (&self.traces.cpu_off, &self.traces.cpu_on);
+        let change = |off: f64, on: f64| format!("{off:.3} → {on:.3} ({:+.3})", on - off);
+        let services: Vec<String> = off
+            .services
+            .iter()
+            .map(|(name, &before)| {
+                let after = on.services.get(name).copied().unwrap_or(f64::NAN);
+                format!("{name} {}", change(before, after))
+            })
+            .collect();
+        format!(
+            "CPU per order (ms), exporting nothing → exporting: the machine {}, {}% more; {}; PostgreSQL {}; Kafka {}; the load generator and the receiver {}.\n",
+            change(off.machine, on.machine),
+            fmt(100.0 * (on.machine / off.machine - 1.0)),
+            services.join(", "),
+            change(off.postgres, on.postgres),
+            change(off.kafka, on.kafka),
+            change(off.load_generator, on.load_generator),
         )
     }
 

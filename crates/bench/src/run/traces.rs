@@ -6,6 +6,7 @@
 //! which would compete for the same cores. The steps run off, on, on, off, so that a drift of the
 //! machine over the phase weighs on both alike; each mode's rate is the mean of its two.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,8 @@ use saga_testkit::otlp::OtlpSink;
 
 use crate::db::Databases;
 use crate::load::{Keys, LoadGenerator, Shape};
-use crate::report::{Settled, Traces};
+use crate::procs::{self, CpuSplit};
+use crate::report::{CpuPerOrder, Settled, Traces};
 
 use super::cancellations::settled;
 use super::stack::{PROVIDER, SERVICES, Stack};
@@ -33,35 +35,90 @@ pub(super) async fn traces(
 ) -> anyhow::Result<Traces> {
     let sink = OtlpSink::discarding().await;
     let exporting = [("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint())];
-    let settle = |tag: String| async move {
-        generator
-            .run_count(
-                Shape::Closed {
-                    concurrency: pool_size,
-                },
-                u64::from(plan.traced),
-                &tag,
-                Keys::None,
-            )
-            .await;
-        settled(databases, &tag, Duration::from_secs(300)).await
+    let step = |tag: String, stack: &mut Stack| {
+        // The marks are taken after the restart: a service's start is not an order's cost.
+        stack.usage();
+        let before = procs::Ticks::now();
+        async move {
+            generator
+                .run_count(
+                    Shape::Closed {
+                        concurrency: pool_size,
+                    },
+                    u64::from(plan.traced),
+                    &tag,
+                    Keys::None,
+                )
+                .await;
+            let settled = settled(databases, &tag, Duration::from_secs(300)).await?;
+            anyhow::Ok((settled, before))
+        }
     };
-    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let (mut off, mut on) = (Mode::default(), Mode::default());
     for round in 1..=ROUNDS {
-        off.push(settle(format!("bench{run_id}-traces{round}-off1")).await?);
+        let tag = |step: &str| format!("bench{run_id}-traces{round}-{step}");
+        let (settled, before) = step(tag("off1"), stack).await?;
+        off.add(settled, before, stack);
         restart(stack, &exporting).await?;
-        on.push(settle(format!("bench{run_id}-traces{round}-on1")).await?);
-        on.push(settle(format!("bench{run_id}-traces{round}-on2")).await?);
+        for name in ["on1", "on2"] {
+            let (settled, before) = step(tag(name), stack).await?;
+            on.add(settled, before, stack);
+        }
         restart(stack, &[]).await?;
-        off.push(settle(format!("bench{run_id}-traces{round}-off2")).await?);
+        let (settled, before) = step(tag("off2"), stack).await?;
+        off.add(settled, before, stack);
     }
     let spans = sink.count();
     let traces = Traces::new(off, on, spans);
     log(format!(
-        "traces: {:.0} orders/s exporting nothing, {:.0} orders/s exporting every span ({} spans, {:.1} per order)",
-        traces.off_per_second, traces.on_per_second, traces.spans, traces.spans_per_order
+        "traces: {:.0} orders/s exporting nothing, {:.0} orders/s exporting every span ({} spans, {:.1} per order); CPU per order {:.2} ms against {:.2} ms",
+        traces.off_per_second,
+        traces.on_per_second,
+        traces.spans,
+        traces.spans_per_order,
+        traces.cpu_on.machine,
+        traces.cpu_off.machine,
     ));
     Ok(traces)
+}
+
+/// One mode's steps: their rates, and the CPU each part spent on them.
+#[derive(Default)]
+struct Mode {
+    steps: Vec<Settled>,
+    services: BTreeMap<String, f64>,
+    cpu: CpuSplit,
+}
+
+impl Mode {
+    /// Adds a step that started at `before` and has just settled.
+    fn add(&mut self, settled: Settled, before: procs::Ticks, stack: &mut Stack) {
+        let cpu = procs::Ticks::now().since(&before, stack.tick_hz);
+        for (name, usage) in stack.usage() {
+            *self.services.entry(name).or_default() += usage.cpu_seconds;
+        }
+        self.cpu.machine += cpu.machine;
+        self.cpu.postgres += cpu.postgres;
+        self.cpu.kafka += cpu.kafka;
+        self.cpu.load_generator += cpu.load_generator;
+        self.steps.push(settled);
+    }
+
+    fn per_order(&self) -> CpuPerOrder {
+        let orders: i64 = self.steps.iter().map(|step| step.orders).sum();
+        let ms = |seconds: f64| 1000.0 * seconds / orders as f64;
+        CpuPerOrder {
+            services: self
+                .services
+                .iter()
+                .map(|(name, &seconds)| (name.clone(), ms(seconds)))
+                .collect(),
+            postgres: ms(self.cpu.postgres),
+            kafka: ms(self.cpu.kafka),
+            load_generator: ms(self.cpu.load_generator),
+            machine: ms(self.cpu.machine),
+        }
+    }
 }
 
 /// Restarts the provider and the services with `env`.
@@ -74,18 +131,20 @@ async fn restart(stack: &mut Stack, env: &[(&str, &str)]) -> anyhow::Result<()> 
 }
 
 impl Traces {
-    fn new(off: Vec<Settled>, on: Vec<Settled>, spans: u64) -> Self {
+    fn new(off: Mode, on: Mode, spans: u64) -> Self {
         let mean = |steps: &[Settled]| {
             steps.iter().map(|step| step.per_second).sum::<f64>() / steps.len() as f64
         };
-        let orders_on: i64 = on.iter().map(|step| step.orders).sum();
+        let orders_on: i64 = on.steps.iter().map(|step| step.orders).sum();
         Self {
-            off_per_second: mean(&off),
-            on_per_second: mean(&on),
+            off_per_second: mean(&off.steps),
+            on_per_second: mean(&on.steps),
             spans,
             spans_per_order: spans as f64 / orders_on as f64,
-            off,
-            on,
+            cpu_off: off.per_order(),
+            cpu_on: on.per_order(),
+            off: off.steps,
+            on: on.steps,
         }
     }
 }
