@@ -20,7 +20,6 @@ use saga::HandlerError;
 use saga::{idempotency, trace};
 use serde::Serialize;
 use serde_json::Value;
-use tracing::Instrument;
 
 mod refunds;
 pub use refunds::{ProviderCharge, Refund, RefundRequest};
@@ -158,23 +157,14 @@ impl Provider {
             .build()
             .map_err(|error| no_answer(describe(error)))?;
         let (method, url) = (request.method().as_str(), request.url());
-        let span = trace::client_span(method, url.path(), url.as_str());
-        trace::inject(&span, request.headers_mut());
-        let response = self
-            .http
-            .execute(request)
-            .instrument(span.clone())
-            .await
-            .map_err(|error| {
-                trace::failed(&span, &error);
-                no_answer(describe(error))
-            })?;
+        let hop = trace::Hop::client(method, url.path(), url.as_str());
+        hop.inject(request.headers_mut());
+        let response = self.http.execute(request).await.map_err(|error| {
+            hop.failed(&error);
+            no_answer(describe(error))
+        })?;
         let status = response.status();
-        trace::attribute(
-            &span,
-            "http.response.status_code",
-            i64::from(status.as_u16()),
-        );
+        hop.set("http.response.status_code", i64::from(status.as_u16()));
         let replayed = response.headers().contains_key(idempotency::REPLAYED);
         let body = response.text().await.map_err(|error| {
             no_answer(format!("{status}, answer cut short: {}", describe(error)))

@@ -56,9 +56,11 @@ pub struct Delivery {
     pub topic: Option<String>,
     pub partition: Option<i32>,
     pub offset: Option<i64>,
-    /// The consumer's process span for this copy ([`crate::trace::process_span`]): what
-    /// its handler writes continues that span's trace.
+    /// The consumer's log span for this copy: the lines its handler writes are in it.
     pub span: tracing::Span,
+    /// Its process span in the order's trace ([`crate::trace::Hop::process`]): what its
+    /// handler writes continues it.
+    pub hop: crate::trace::Hop,
 }
 
 /// Two deliveries are the same copy when read from the same place, whatever their spans.
@@ -75,6 +77,7 @@ impl Default for Delivery {
             partition: None,
             offset: None,
             span: tracing::Span::none(),
+            hop: crate::trace::Hop::default(),
         }
     }
 }

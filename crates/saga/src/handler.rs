@@ -262,7 +262,9 @@ impl<H: Handler> Applier<H> {
                 // its own trace, not the batch's first.
                 Step::Apply(prepared) => {
                     let applied = self.handler.apply(&tx, event, prepared);
-                    applied.instrument(event.delivery.span.clone()).await?
+                    let delivery = &event.delivery;
+                    let applied = applied.instrument(delivery.span.clone());
+                    delivery.hop.scope(applied).await?
                 }
                 Step::Done(outcome) => outcome,
             });

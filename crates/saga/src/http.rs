@@ -17,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::{BoxError, ServiceBuilder};
 use tower_http::timeout::TimeoutLayer;
-use tracing::Instrument;
 
 use crate::config::HttpLimits;
 
@@ -129,27 +128,17 @@ async fn trace_request(request: Request, next: Next) -> Response {
             || request.uri().path().to_owned(),
             |path| path.as_str().to_owned(),
         );
-    let span = tracing::info_span!(
-        "request",
-        method = %request.method(),
-        route,
-        otel.name = tracing::field::Empty,
-        otel.kind = tracing::field::Empty,
+    let hop = crate::trace::Hop::server(
+        request.method().as_str(),
+        &route,
+        request.uri().path(),
+        &crate::trace::HttpHeaders(request.headers()),
     );
-    crate::trace::name(&span, &format!("{} {route}", request.method()), "server");
-    crate::trace::continue_from(&span, &crate::trace::HttpHeaders(request.headers()), false);
-    crate::trace::attribute(&span, "http.request.method", request.method().to_string());
-    crate::trace::attribute(&span, "http.route", route);
-    crate::trace::attribute(&span, "url.path", request.uri().path().to_owned());
-    let response = next.run(request).instrument(span.clone()).await;
+    let response = hop.scope(next.run(request)).await;
     let status = response.status();
-    crate::trace::attribute(
-        &span,
-        "http.response.status_code",
-        i64::from(status.as_u16()),
-    );
+    hop.set("http.response.status_code", i64::from(status.as_u16()));
     if status.is_server_error() {
-        crate::trace::failed(&span, status);
+        hop.failed(status);
     }
     response
 }

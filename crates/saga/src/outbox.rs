@@ -14,7 +14,6 @@
 //!   order; one order's events are causally ordered, each written after the previous one
 //!   was consumed.)
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ::metrics::counter;
@@ -90,7 +89,7 @@ pub async fn enqueue<P: Serialize>(
     let insert = tx.prepare_cached(INSERT_EVENT).await?;
     let payload = serde_json::to_value(event.payload)
         .expect("event payloads are plain structs and serialize");
-    let mut trace = trace::current_carrier();
+    let trace = trace::current_carrier();
     tx.pipeline(
         insert,
         vec![
@@ -100,8 +99,8 @@ pub async fn enqueue<P: Serialize>(
             Box::new(event.event_type.to_owned()),
             Box::new(Json(payload)),
             Box::new(event.caused_by.map(str::to_owned)),
-            Box::new(trace.remove("traceparent")),
-            Box::new(trace.remove("tracestate")),
+            Box::new(trace.traceparent),
+            Box::new(trace.tracestate),
         ],
     );
     Ok(())
@@ -333,8 +332,11 @@ impl OutboxRelay {
             };
             let value = envelope.to_json();
             let caused_by: Option<String> = row.get("caused_by");
-            let span = trace::send_span(&topic, &envelope.aggregate_id, &envelope.id, || {
-                stored_context(row)
+            let hop = trace::Hop::send(&topic, &envelope.aggregate_id, &envelope.id, || {
+                trace::Carrier {
+                    traceparent: row.get("traceparent"),
+                    tracestate: row.get("tracestate"),
+                }
             });
             let mut headers = OwnedHeaders::new()
                 .insert(Header {
@@ -351,15 +353,15 @@ impl OutboxRelay {
                     value: Some(cause.as_str()),
                 });
             }
-            let headers = trace::into_record_headers(headers, &span);
+            let headers = hop.record_headers(headers);
             let record = FutureRecord::to(&topic)
                 .key(&envelope.aggregate_id)
                 .payload(&value)
                 .headers(headers);
             match self.producer.send_result(record) {
-                Ok(delivery) => deliveries.push((id, topic, delivery, span)),
+                Ok(delivery) => deliveries.push((id, topic, delivery, hop)),
                 Err((error, _)) => {
-                    trace::failed(&span, &error);
+                    hop.failed(&error);
                     // The rows after it must not overtake it: stop here.
                     failure = Some(anyhow::anyhow!("cannot enqueue {}: {error}", envelope.id));
                     break;
@@ -367,17 +369,17 @@ impl OutboxRelay {
             }
         }
         let mut acknowledged = Vec::with_capacity(deliveries.len());
-        for (id, topic, delivery, span) in deliveries {
+        for (id, topic, delivery, hop) in deliveries {
             match delivery.await {
                 Ok(Ok(delivered)) => {
-                    trace::sent(&span, delivered.partition, delivered.offset);
+                    hop.sent(delivered.partition, delivered.offset);
                     acknowledged.push(id);
                     // Counted once the broker has it, as the consumers will see it;
                     // a crash before the row is marked publishes it, and counts it, again.
                     counter!(metrics::OUTBOX_PUBLISHED, "topic" => topic).increment(1);
                 }
                 Ok(Err((error, _))) => {
-                    trace::failed(&span, &error);
+                    hop.failed(&error);
                     failure = Some(anyhow::anyhow!("outbox row {id}: {error}"));
                 }
                 Err(_) => failure = Some(anyhow::anyhow!("outbox row {id}: producer dropped")),
@@ -388,14 +390,6 @@ impl OutboxRelay {
         }
         (acknowledged, failure)
     }
-}
-
-/// The trace context a row was written in, from its `traceparent` and `tracestate`.
-fn stored_context(row: &Row) -> HashMap<String, String> {
-    ["traceparent", "tracestate"]
-        .into_iter()
-        .filter_map(|column| Some((column.to_owned(), row.get::<_, Option<String>>(column)?)))
-        .collect()
 }
 
 /// Marks the rows the broker acknowledged since the last look (`$1`) and reads up to a

@@ -1,21 +1,15 @@
 //! Logging and traces. Logs: structured `tracing` events to stderr, filtered by
 //! `RUST_LOG` (default `info`); `LOG_FORMAT=json` switches to one JSON object per line for
-//! machines. Traces: the same spans, exported with OTLP/HTTP when an endpoint is set
-//! ([`OTEL_HELP`] lists the standard variables read); what they hold is in
-//! [`crate::trace`].
+//! machines. Traces: each hop of an order ([`crate::trace`]), exported with OTLP/HTTP when
+//! an endpoint is set ([`OTEL_HELP`] lists the standard variables read). The two are
+//! apart: no log line becomes a span's event, and no span a log line's prefix.
 
-use std::fmt;
 use std::io::IsTerminal;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing::field::{Field, Visit};
-use tracing::span;
-use tracing_subscriber::field::{RecordFields, VisitOutput as _};
-use tracing_subscriber::fmt::FormattedFields;
-use tracing_subscriber::fmt::format::{DefaultVisitor, FormatFields, Writer};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
@@ -76,43 +70,23 @@ fn install(service: Option<&str>) -> anyhow::Result<Telemetry> {
     let fmt = if std::env::var("LOG_FORMAT").as_deref() == Ok("json") {
         fmt.json().boxed()
     } else {
-        fmt.fmt_fields(LogFields).boxed()
+        fmt.boxed()
     };
-    let provider = match service {
-        Some(service) if exporting() => Some(provider(service)?),
-        _ => None,
-    };
-    let traces = provider.as_ref().map(|provider| {
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("saga"))
-            // Busy and idle times per span: two clock reads per poll, for figures the
-            // span's own start and end already give.
-            .with_tracked_inactivity(false)
-            // Source file, line, module, thread and target on every span: six attributes
-            // to encode and send for each hop, which name the code, not the order.
-            .with_location(false)
-            .with_threads(false)
-            .with_target(false)
-            .with_filter(tracing_subscriber::filter::filter_fn(
-                crate::trace::exported,
-            ))
-    });
     let installed = tracing_subscriber::registry()
         .with(filter)
         .with(fmt)
-        .with(traces)
         .try_init()
         .is_ok();
-    match provider {
-        Some(provider) if installed => {
-            crate::trace::enable();
-            tracing::info!(service, "traces: exporting spans with OTLP");
-            Ok(Telemetry {
-                provider: Some(provider),
-            })
-        }
-        _ => Ok(Telemetry { provider: None }),
+    // The log's subscriber is the process's first; so is its exporter.
+    let provider = match service {
+        Some(service) if installed && exporting() => Some(provider(service)?),
+        _ => None,
+    };
+    if let Some(provider) = &provider {
+        crate::trace::enable(provider.tracer("saga"));
+        tracing::info!(service, "traces: exporting spans with OTLP");
     }
+    Ok(Telemetry { provider })
 }
 
 /// Whether an OTLP endpoint is set and nothing switches export off.
@@ -142,55 +116,4 @@ fn provider(service: &str) -> anyhow::Result<SdkTracerProvider> {
         .with_batch_exporter(exporter)
         .with_resource(resource.build())
         .build())
-}
-
-/// The text log's fields, without the `otel.*` ones that name a span for the exporter:
-/// a line reads the same whether spans are exported or not, and costs no more to write.
-struct LogFields;
-
-impl<'writer> FormatFields<'writer> for LogFields {
-    fn format_fields<R: RecordFields>(&self, writer: Writer<'writer>, fields: R) -> fmt::Result {
-        let mut visitor = WithoutOtel(DefaultVisitor::new(writer, true));
-        fields.record(&mut visitor);
-        visitor.0.finish()
-    }
-
-    // A span's `otel.*` fields are recorded after it is made: nothing to add then, not
-    // even the space the default puts before what it adds.
-    fn add_fields(
-        &self,
-        current: &'writer mut FormattedFields<Self>,
-        fields: &span::Record<'_>,
-    ) -> fmt::Result {
-        let empty = current.fields.is_empty();
-        let mut visitor = WithoutOtel(DefaultVisitor::new(current.as_writer(), empty));
-        fields.record(&mut visitor);
-        visitor.0.finish()
-    }
-}
-
-struct WithoutOtel<'a>(DefaultVisitor<'a>);
-
-fn logged(field: &Field) -> bool {
-    !field.name().starts_with("otel.")
-}
-
-impl Visit for WithoutOtel<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if logged(field) {
-            self.0.record_str(field, value);
-        }
-    }
-
-    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        if logged(field) {
-            self.0.record_error(field, value);
-        }
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if logged(field) {
-            self.0.record_debug(field, value);
-        }
-    }
 }

@@ -19,36 +19,43 @@
 //! the guards made of it (`applied`, `duplicate`, `guarded`, `ignored`, `dead_lettered`):
 //! a replayed event shows as a process span in the original's trace that met guard 1.
 //!
-//! Only these hops are exported: the spans that declare `otel.kind` ([`exported`]). A
-//! handler's own span (`charge_order`, …) and every log line stay in the log, where they
-//! were; exported too, they tripled what each order costs to trace, for nothing the hops
-//! do not already say. What a handler writes continues its process span all the same
-//! ([`current_carrier`]).
+//! Only these hops are exported, each a [`Hop`] made with OpenTelemetry's own API, its
+//! attributes given at once; the log's `tracing` spans and events stay in the log. Bridged
+//! from `tracing` instead (`tracing-opentelemetry`), each hop was a `tracing` span that the
+//! bridge looked up again for every attribute and made current again at every poll: near
+//! a third of what traces cost the services (the benchmark's history has the figures).
+//! What a handler writes continues its process span because the hop is current while the
+//! handler runs ([`Hop::scope`], [`current_carrier`]).
 //!
-//! Off unless [`crate::telemetry`] exports spans (`OTEL_EXPORTER_OTLP_ENDPOINT`): then
-//! nothing is read from or written to headers or the outbox, and a span costs what a
-//! logging span costs. A service that does not export does not carry the context on
-//! either, so a trace is whole only where every service exports.
+//! Off unless [`crate::telemetry`] exports spans (`OTEL_EXPORTER_OTLP_ENDPOINT`): then a
+//! hop is an empty value, and nothing is read from or written to headers or the outbox.
+//! A service that does not export does not carry the context on either, so a trace is
+//! whole only where every service exports.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::OnceLock;
 
-use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::TraceContextExt;
+use futures::future::Either;
+use opentelemetry::context::FutureExt as _;
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{Link, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use rdkafka::message::{Headers, OwnedHeaders};
-use tracing::Span;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+use opentelemetry_sdk::trace::SdkTracer;
+use rdkafka::message::{Header, Headers, OwnedHeaders};
 
-static ENABLED: AtomicBool = AtomicBool::new(false);
+static TRACER: OnceLock<SdkTracer> = OnceLock::new();
 
 /// Whether spans are exported, so trace context is worth carrying.
 pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
+    TRACER.get().is_some()
 }
 
-pub(crate) fn enable() {
-    ENABLED.store(true, Ordering::Relaxed);
+/// Makes hops with `tracer` from now on; the first call wins (tests start several
+/// services in one process).
+pub(crate) fn enable(tracer: SdkTracer) {
+    let _ = TRACER.set(tracer);
 }
 
 /// The header names trace context travels in, on Kafka records and HTTP requests alike.
@@ -59,81 +66,253 @@ pub fn fields() -> Vec<String> {
         .collect()
 }
 
-/// A span's trace context as its carrier's `name → value` pairs: `traceparent`, and
-/// `tracestate` when it is not empty. Empty when tracing is off or the span is not traced.
-pub fn carrier_of(span: &Span) -> HashMap<String, String> {
-    if enabled() {
-        carrier(&span.context())
-    } else {
-        HashMap::new()
+/// A trace context as its two W3C values, as an outbox row stores them: `traceparent`,
+/// and `tracestate` when it is not empty. Both `None` when tracing is off or nothing is
+/// traced.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Carrier {
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+impl Carrier {
+    fn of(context: &Context) -> Self {
+        let mut carrier = Self::default();
+        if enabled() {
+            TraceContextPropagator::new().inject_context(context, &mut carrier);
+        }
+        carrier
     }
 }
 
-/// The trace context of the innermost exported span the caller runs in, as a carrier
-/// (see [`carrier_of`]): a handler's outbox rows continue its record's process span, or
-/// the request's server span, through any span of its own the exporter leaves out.
-pub fn current_carrier() -> HashMap<String, String> {
-    if enabled() {
-        // Entering an exported span makes its context current; entering a span the
-        // exporter leaves out does not, so the current context is the nearest hop's.
-        carrier(&opentelemetry::Context::current())
-    } else {
-        HashMap::new()
+impl Injector for Carrier {
+    fn set(&mut self, key: &str, value: String) {
+        // The propagator writes `tracestate` even when it is empty: no value for nothing.
+        if value.is_empty() {
+            return;
+        }
+        match key {
+            "traceparent" => self.traceparent = Some(value),
+            "tracestate" => self.tracestate = Some(value),
+            _ => {}
+        }
     }
 }
 
-fn carrier(context: &opentelemetry::Context) -> HashMap<String, String> {
-    let mut carrier = HashMap::new();
-    TraceContextPropagator::new().inject_context(context, &mut carrier);
-    // The propagator writes `tracestate` even when it is empty: no header for nothing.
-    carrier.retain(|_, value| !value.is_empty());
-    carrier
+impl Extractor for Carrier {
+    fn get(&self, key: &str) -> Option<&str> {
+        match key {
+            "traceparent" => self.traceparent.as_deref(),
+            "tracestate" => self.tracestate.as_deref(),
+            _ => None,
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent", "tracestate"]
+    }
 }
 
-/// Whether a span is exported: only the hops, which declare `otel.kind`; no log event.
-pub(crate) fn exported(metadata: &tracing::Metadata<'_>) -> bool {
-    metadata.is_span() && metadata.fields().field("otel.kind").is_some()
+/// The trace context of the hop the caller runs in, as a carrier: a handler's outbox rows
+/// continue its record's process span, or the request's server span.
+pub fn current_carrier() -> Carrier {
+    if enabled() {
+        Carrier::of(&Context::current())
+    } else {
+        Carrier::default()
+    }
 }
 
 /// The remote context a carrier holds (none if it holds no valid `traceparent`).
-pub fn context_from(carrier: &dyn Extractor) -> opentelemetry::Context {
+pub fn context_from(carrier: &dyn Extractor) -> Context {
     TraceContextPropagator::new().extract(carrier)
 }
 
-/// Makes `span` continue the remote context in `carrier`: its parent, and, for a
-/// consumer, also a link (`link`), as the messaging conventions ask. Before the span is
-/// first entered: a started span's parent cannot change.
-pub fn continue_from(span: &Span, carrier: &dyn Extractor, link: bool) {
-    if !enabled() {
-        return;
+/// One hop of an order's trace: an exported span, ended when the last clone of its hop
+/// is dropped. Empty, and free, when tracing is off.
+#[derive(Debug, Clone, Default)]
+pub struct Hop(Option<Context>);
+
+impl Hop {
+    /// Starts a span under `parent`, also linked to it if `link` (a consumer's, as the
+    /// messaging conventions ask); under nothing if `parent` holds no valid span.
+    fn start(
+        name: String,
+        kind: SpanKind,
+        parent: &Context,
+        link: bool,
+        attributes: Vec<KeyValue>,
+    ) -> Self {
+        let Some(tracer) = TRACER.get() else {
+            return Self(None);
+        };
+        let mut builder = tracer
+            .span_builder(name)
+            .with_kind(kind)
+            .with_attributes(attributes);
+        let remote = parent.span().span_context().clone();
+        if link && remote.is_valid() {
+            builder = builder.with_links(vec![Link::with_context(remote)]);
+        }
+        let span = builder.start_with_context(tracer, parent);
+        Self(Some(parent.with_span(span)))
     }
-    let parent = context_from(carrier);
-    let remote = parent.span().span_context().clone();
-    if !remote.is_valid() {
-        return;
+
+    /// A consumer's process span for one record, continuing (parent and link) the send
+    /// span whose context the record's headers carry.
+    pub fn process<M: rdkafka::Message>(message: &M, group: &str) -> Self {
+        if !enabled() {
+            return Self(None);
+        }
+        let headers = message.headers().map(RecordHeaders);
+        let parent = headers
+            .as_ref()
+            .map_or_else(Context::new, |headers| context_from(headers));
+        let key = message
+            .key()
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default();
+        // A hand-made record may have no `event_id` header: then no message id.
+        let id = headers.as_ref().and_then(|headers| headers.get("event_id"));
+        let mut attributes = messaging(message.topic(), "process", &key, id);
+        attributes.extend([
+            KeyValue::new("messaging.consumer.group.name", group.to_owned()),
+            KeyValue::new(
+                "messaging.destination.partition.id",
+                message.partition().to_string(),
+            ),
+            KeyValue::new("messaging.kafka.offset", message.offset()),
+        ]);
+        let name = format!("process {}", message.topic());
+        Self::start(name, SpanKind::Consumer, &parent, true, attributes)
     }
-    // Only fails when no layer exports this span, which `enabled` has ruled out.
-    let _ = span.set_parent(parent);
-    if link {
-        span.add_link(remote);
+
+    /// The relay's producer span for one outbox row's record, continuing the context the
+    /// row was written in (`stored`: its columns, read only when tracing is on).
+    pub fn send(topic: &str, key: &str, event_id: &str, stored: impl FnOnce() -> Carrier) -> Self {
+        if !enabled() {
+            return Self(None);
+        }
+        let parent = context_from(&stored());
+        let attributes = messaging(topic, "send", key, Some(event_id));
+        Self::start(
+            format!("send {topic}"),
+            SpanKind::Producer,
+            &parent,
+            false,
+            attributes,
+        )
+    }
+
+    /// A server span for one request (`POST /v1/orders`: its method and its route),
+    /// continuing the caller's context if its headers carry one.
+    pub fn server(method: &str, route: &str, path: &str, headers: &HttpHeaders<'_>) -> Self {
+        if !enabled() {
+            return Self(None);
+        }
+        let attributes = vec![
+            KeyValue::new("http.request.method", method.to_owned()),
+            KeyValue::new("http.route", route.to_owned()),
+            KeyValue::new("url.path", path.to_owned()),
+        ];
+        let name = format!("{method} {route}");
+        Self::start(
+            name,
+            SpanKind::Server,
+            &context_from(headers),
+            false,
+            attributes,
+        )
+    }
+
+    /// A client span for a call to another system over HTTP (`POST /v1/charges`: the
+    /// request's method and its URL's path; `url` whole), under the hop the caller runs
+    /// in. [`Hop::inject`] puts its context on the request.
+    pub fn client(method: &str, path: &str, url: &str) -> Self {
+        if !enabled() {
+            return Self(None);
+        }
+        let attributes = vec![
+            KeyValue::new("http.request.method", method.to_owned()),
+            KeyValue::new("url.full", url.to_owned()),
+        ];
+        let name = format!("{method} {path}");
+        Self::start(
+            name,
+            SpanKind::Client,
+            &Context::current(),
+            false,
+            attributes,
+        )
+    }
+
+    /// Sets an attribute, for a figure known only after the span began.
+    pub fn set(&self, key: &'static str, value: impl Into<Value>) {
+        if let Some(context) = &self.0 {
+            context.span().set_attribute(KeyValue::new(key, value));
+        }
+    }
+
+    /// What the guards made of a record, on its process span: `applied`, `duplicate`,
+    /// `guarded`, `ignored` or `dead_lettered`.
+    pub fn outcome(&self, outcome: &'static str) {
+        self.set("saga.outcome", outcome);
+    }
+
+    /// Records on a send span where the broker put its record.
+    pub fn sent(&self, partition: i32, offset: i64) {
+        self.set("messaging.destination.partition.id", partition.to_string());
+        self.set("messaging.kafka.offset", offset);
+    }
+
+    /// Marks the span as failed, with why.
+    pub fn failed(&self, reason: impl Display) {
+        if let Some(context) = &self.0 {
+            context.span().set_status(Status::error(reason.to_string()));
+        }
+    }
+
+    /// Runs `future` with this hop current: what it writes to the outbox, and the calls
+    /// it makes, continue this span.
+    pub fn scope<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
+        match &self.0 {
+            Some(context) => Either::Left(future.with_context(context.clone())),
+            None => Either::Right(future),
+        }
+    }
+
+    /// `headers` with this hop's trace context added (unchanged when tracing is off).
+    pub fn record_headers(&self, headers: OwnedHeaders) -> OwnedHeaders {
+        let Some(context) = &self.0 else {
+            return headers;
+        };
+        let mut injector = RecordInjector(Some(headers));
+        TraceContextPropagator::new().inject_context(context, &mut injector);
+        injector
+            .0
+            .expect("the injector always hands its headers back")
+    }
+
+    /// Adds this hop's trace context to an outgoing request's `headers`.
+    pub fn inject(&self, headers: &mut axum::http::HeaderMap) {
+        if let Some(context) = &self.0 {
+            TraceContextPropagator::new().inject_context(context, &mut HttpInjector(headers));
+        }
     }
 }
 
-/// Names `span` for the viewer and says which side of a call or a record it is (`server`,
-/// `client`, `producer`, `consumer`). The span must declare `otel.name` and `otel.kind`
-/// as empty fields: recorded only when tracing is on, and never in the text log.
-pub fn name(span: &Span, name: &str, kind: &'static str) {
-    if enabled() {
-        span.record("otel.name", name);
-        span.record("otel.kind", kind);
+fn messaging(topic: &str, operation: &'static str, key: &str, id: Option<&str>) -> Vec<KeyValue> {
+    let mut attributes = vec![
+        KeyValue::new("messaging.system", "kafka"),
+        KeyValue::new("messaging.destination.name", topic.to_owned()),
+        KeyValue::new("messaging.operation.type", operation),
+        KeyValue::new("messaging.operation.name", operation),
+        KeyValue::new("messaging.kafka.message.key", key.to_owned()),
+    ];
+    if let Some(id) = id.filter(|id| !id.is_empty()) {
+        attributes.push(KeyValue::new("messaging.message.id", id.to_owned()));
     }
-}
-
-/// Sets an attribute on `span`'s exported form only (the log does not show it).
-pub fn attribute(span: &Span, key: &'static str, value: impl Into<opentelemetry::Value>) {
-    if enabled() {
-        span.set_attribute(key, value);
-    }
+    attributes
 }
 
 /// A Kafka record's headers, read as a trace context carrier.
@@ -152,15 +331,21 @@ impl<H: Headers> Extractor for RecordHeaders<'_, H> {
     }
 }
 
-/// `headers` with `span`'s trace context added (unchanged when tracing is off).
-pub fn into_record_headers(mut headers: OwnedHeaders, span: &Span) -> OwnedHeaders {
-    for (key, value) in carrier_of(span) {
-        headers = headers.insert(rdkafka::message::Header {
-            key: &key,
-            value: Some(&value),
+/// Adds trace context to a record's headers, which grow by value.
+struct RecordInjector(Option<OwnedHeaders>);
+
+impl Injector for RecordInjector {
+    fn set(&mut self, key: &str, value: String) {
+        if value.is_empty() {
+            return;
+        }
+        self.0 = self.0.take().map(|headers| {
+            headers.insert(Header {
+                key,
+                value: Some(&value),
+            })
         });
     }
-    headers
 }
 
 /// HTTP headers, read as a trace context carrier.
@@ -176,126 +361,18 @@ impl Extractor for HttpHeaders<'_> {
     }
 }
 
-/// A client span for a call to another system over HTTP (`POST /v1/charges`: the
-/// request's method and its URL's path, as the client parsed it; `url` whole), whose
-/// context [`inject`] puts on the request. `Span::none()` when tracing is off.
-pub fn client_span(method: &str, path: &str, url: &str) -> Span {
-    if !enabled() {
-        return Span::none();
-    }
-    let span = tracing::info_span!(
-        "call",
-        otel.name = tracing::field::Empty,
-        otel.kind = tracing::field::Empty,
-    );
-    name(&span, &format!("{method} {path}"), "client");
-    attribute(&span, "http.request.method", method.to_owned());
-    attribute(&span, "url.full", url.to_owned());
-    span
-}
+struct HttpInjector<'a>(&'a mut axum::http::HeaderMap);
 
-/// Adds `span`'s trace context to an outgoing request's `headers`.
-pub fn inject(span: &Span, headers: &mut axum::http::HeaderMap) {
-    for (key, value) in carrier_of(span) {
+impl Injector for HttpInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if value.is_empty() {
+            return;
+        }
         if let (Ok(name), Ok(value)) = (
             axum::http::HeaderName::from_bytes(key.as_bytes()),
             axum::http::HeaderValue::from_str(&value),
         ) {
-            headers.insert(name, value);
+            self.0.insert(name, value);
         }
-    }
-}
-
-/// Marks `span` as failed, with why.
-pub fn failed(span: &Span, reason: impl std::fmt::Display) {
-    if enabled() {
-        span.set_status(opentelemetry::trace::Status::error(reason.to_string()));
-    }
-}
-
-/// The relay's producer span for one outbox row's record, continuing the context the row
-/// was written in (`stored`: its `traceparent` and `tracestate` columns, read only when
-/// tracing is on). `Span::none()` when it is off: the relay sends hundreds of rows a look.
-pub fn send_span(
-    topic: &str,
-    key: &str,
-    event_id: &str,
-    stored: impl FnOnce() -> HashMap<String, String>,
-) -> Span {
-    if !enabled() {
-        return Span::none();
-    }
-    let span = tracing::info_span!(
-        "send",
-        event_id,
-        otel.name = tracing::field::Empty,
-        otel.kind = tracing::field::Empty,
-    );
-    name(&span, &format!("send {topic}"), "producer");
-    continue_from(&span, &stored(), false);
-    messaging(&span, topic, "send", key, event_id);
-    span
-}
-
-/// Records on the send span where the broker put its record.
-pub fn sent(span: &Span, partition: i32, offset: i64) {
-    attribute(
-        span,
-        "messaging.destination.partition.id",
-        partition.to_string(),
-    );
-    attribute(span, "messaging.kafka.offset", offset);
-}
-
-/// A consumer's process span for one record: the parent of everything its handler does,
-/// continuing (parent and link) the send span whose context the record's headers carry.
-/// Its fields are the log's: every line about the record is logged in it, and the fault
-/// suite finds each offset's fate by `topic`, `partition` and `offset`.
-pub fn process_span<M: rdkafka::Message>(message: &M, group: &str) -> Span {
-    let span = tracing::info_span!(
-        "record",
-        topic = message.topic(),
-        partition = message.partition(),
-        offset = message.offset(),
-        event_id = tracing::field::Empty,
-        otel.name = tracing::field::Empty,
-        otel.kind = tracing::field::Empty,
-    );
-    if !enabled() {
-        return span;
-    }
-    name(&span, &format!("process {}", message.topic()), "consumer");
-    if let Some(headers) = message.headers() {
-        continue_from(&span, &RecordHeaders(headers), true);
-    }
-    let key = message
-        .key()
-        .map(String::from_utf8_lossy)
-        .unwrap_or_default();
-    let id = message
-        .headers()
-        .and_then(|headers| RecordHeaders(headers).get("event_id").map(str::to_owned))
-        .unwrap_or_default();
-    // A hand-made record may have no `event_id` header: then no message id.
-    messaging(&span, message.topic(), "process", &key, &id);
-    attribute(&span, "messaging.consumer.group.name", group.to_owned());
-    sent(&span, message.partition(), message.offset());
-    span
-}
-
-/// What the guards made of a record, on its process span: `applied`, `duplicate`,
-/// `guarded`, `ignored` or `dead_lettered`.
-pub fn outcome(span: &Span, outcome: &'static str) {
-    attribute(span, "saga.outcome", outcome);
-}
-
-fn messaging(span: &Span, topic: &str, operation: &'static str, key: &str, event_id: &str) {
-    attribute(span, "messaging.system", "kafka");
-    attribute(span, "messaging.destination.name", topic.to_owned());
-    attribute(span, "messaging.operation.type", operation);
-    attribute(span, "messaging.operation.name", operation);
-    attribute(span, "messaging.kafka.message.key", key.to_owned());
-    if !event_id.is_empty() {
-        attribute(span, "messaging.message.id", event_id.to_owned());
     }
 }

@@ -3,6 +3,7 @@
 
 use super::LOG_TARGET;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,12 +27,42 @@ use crate::metrics;
 use crate::retry::Retry;
 use crate::trace;
 
-/// The record as an event, carrying its process span (into which its `event_id` goes).
-fn event_of(message: &OwnedMessage, span: &Span) -> Result<Envelope, crate::EnvelopeError> {
+/// The record as an event, carrying its spans (its `event_id` goes into the log's).
+fn event_of(message: &OwnedMessage, spans: &Spans) -> Result<Envelope, crate::EnvelopeError> {
     let mut envelope = Envelope::from_message(message)?;
-    span.record("event_id", envelope.id.as_str());
-    envelope.delivery.span = span.clone();
+    spans.log.record("event_id", envelope.id.as_str());
+    envelope.delivery.span = spans.log.clone();
+    envelope.delivery.hop = spans.hop.clone();
     Ok(envelope)
+}
+
+/// A record's two spans: the log's, in which every line about the record is written (the
+/// fault suite finds each offset's fate by its `topic`, `partition` and `offset`), and its
+/// process span in the order's trace ([`trace::Hop::process`]).
+#[derive(Clone)]
+struct Spans {
+    log: Span,
+    hop: trace::Hop,
+}
+
+impl Spans {
+    fn of(message: &OwnedMessage, group: &str) -> Self {
+        Self {
+            log: tracing::info_span!(
+                "record",
+                topic = message.topic(),
+                partition = message.partition(),
+                offset = message.offset(),
+                event_id = tracing::field::Empty,
+            ),
+            hop: trace::Hop::process(message, group),
+        }
+    }
+
+    /// Runs `future` in both spans.
+    fn around<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
+        self.hop.scope(future.instrument(self.log.clone()))
+    }
 }
 
 /// Applies the records of one partition, in order.
@@ -54,11 +85,10 @@ type Ahead<P> = Option<Prepare<P>>;
 /// The task preparing a record ahead: the record as an event, and what its prepare gave.
 type Prepare<P> = tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>;
 
-/// A record taken from its partition's queue: its process span (every line about it is
-/// logged in it, and its trace continues from it), and its prepare if begun.
+/// A record taken from its partition's queue: its spans, and its prepare if begun.
 struct Taken<P> {
     message: OwnedMessage,
-    span: Span,
+    spans: Spans,
     ahead: Ahead<P>,
 }
 
@@ -151,31 +181,26 @@ impl<H: Handler> PartitionWorker<H> {
 
     /// Takes `message` in hand: its process span, and its prepare begun now if `ahead`.
     fn take(&self, message: OwnedMessage, ahead: bool) -> Taken<H::Prepared> {
-        let span = trace::process_span(&message, &self.settings.group_id);
+        let spans = Spans::of(&message, &self.settings.group_id);
         let ahead = if ahead {
-            self.prepare_ahead(&message, &span)
+            self.prepare_ahead(&message, &spans)
         } else {
             None
         };
         Taken {
             message,
-            span,
+            spans,
             ahead,
         }
     }
 
-    fn prepare_ahead(&self, message: &OwnedMessage, span: &Span) -> Ahead<H::Prepared> {
-        let envelope = event_of(message, span).ok()?;
+    fn prepare_ahead(&self, message: &OwnedMessage, spans: &Spans) -> Ahead<H::Prepared> {
+        let envelope = event_of(message, spans).ok()?;
         let applier = self.applier.clone();
-        Some(
-            self.tasks.spawn(
-                async move {
-                    let step = applier.prepare(&envelope).await;
-                    (envelope, step)
-                }
-                .instrument(span.clone()),
-            ),
-        )
+        Some(self.tasks.spawn(spans.around(async move {
+            let step = applier.prepare(&envelope).await;
+            (envelope, step)
+        })))
     }
 
     /// Applies `batch`: in one transaction if it holds more than one record, and if that
@@ -196,8 +221,8 @@ impl<H: Handler> PartitionWorker<H> {
             if self.shutdown.is_cancelled() {
                 return Done::Abandoned;
             }
-            let processed = self.process(&taken.message, &taken.span, taken.ahead.take());
-            match processed.instrument(taken.span.clone()).await {
+            let processed = self.process(&taken.message, &taken.spans, taken.ahead.take());
+            match taken.spans.around(processed).await {
                 Done::Finished => self.finished(&taken.message),
                 Done::Abandoned => return Done::Abandoned,
             }
@@ -239,13 +264,10 @@ impl<H: Handler> PartitionWorker<H> {
             Ok(outcomes) => {
                 for (taken, (event, outcome)) in batch.iter().zip(events.iter().zip(outcomes)) {
                     self.count(&event.event_type, outcome.as_str());
-                    trace::outcome(&taken.span, outcome.as_str());
-                    trace::attribute(
-                        &taken.span,
-                        "messaging.batch.message_count",
-                        batch.len() as i64,
-                    );
-                    taken.span.in_scope(|| {
+                    let hop = &taken.spans.hop;
+                    hop.outcome(outcome.as_str());
+                    hop.set("messaging.batch.message_count", batch.len() as i64);
+                    taken.spans.log.in_scope(|| {
                         tracing::info!(target: LOG_TARGET,
                             event_type = %event.event_type,
                             outcome = outcome.as_str(),
@@ -275,7 +297,7 @@ impl<H: Handler> PartitionWorker<H> {
     async fn process(
         &self,
         message: &OwnedMessage,
-        span: &Span,
+        spans: &Spans,
         ahead: Ahead<H::Prepared>,
     ) -> Done {
         let (envelope, mut prepared) = match ahead {
@@ -283,11 +305,11 @@ impl<H: Handler> PartitionWorker<H> {
                 Some((envelope, step)) => (envelope, Some(step)),
                 None => return Done::Abandoned,
             },
-            None => match event_of(message, span) {
+            None => match event_of(message, spans) {
                 Ok(envelope) => (envelope, None),
                 Err(error) => {
                     let failure = Failure::malformed(error.to_string());
-                    trace::outcome(span, "dead_lettered");
+                    spans.hop.outcome("dead_lettered");
                     return self.dead_letter(message, None, failure).await;
                 }
             },
@@ -307,7 +329,7 @@ impl<H: Handler> PartitionWorker<H> {
             let error = match applied {
                 Ok(outcome) => {
                     self.count(&envelope.event_type, outcome.as_str());
-                    trace::outcome(span, outcome.as_str());
+                    spans.hop.outcome(outcome.as_str());
                     tracing::info!(target: LOG_TARGET,
                         event_type = %envelope.event_type,
                         outcome = outcome.as_str(),
@@ -325,8 +347,8 @@ impl<H: Handler> PartitionWorker<H> {
             };
             if give_up {
                 let failure = Failure::given_up(error.to_string(), retry, attempt, first_failure);
-                trace::outcome(span, "dead_lettered");
-                trace::failed(span, &error);
+                spans.hop.outcome("dead_lettered");
+                spans.hop.failed(&error);
                 return self
                     .dead_letter(message, Some(&envelope.event_type), failure)
                     .await;
