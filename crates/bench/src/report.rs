@@ -184,7 +184,7 @@ pub struct Traces {
     pub spans: u64,
     pub spans_per_order: f64,
     /// Milliseconds of CPU per order, by part of the machine, over each mode's steps:
-    /// steadier than the rates, and it says who pays.
+    /// who pays for the traces.
     pub cpu_off: CpuPerOrder,
     pub cpu_on: CpuPerOrder,
 }
