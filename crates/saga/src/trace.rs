@@ -75,16 +75,6 @@ pub struct Carrier {
     pub tracestate: Option<String>,
 }
 
-impl Carrier {
-    fn of(context: &Context) -> Self {
-        let mut carrier = Self::default();
-        if enabled() {
-            TraceContextPropagator::new().inject_context(context, &mut carrier);
-        }
-        carrier
-    }
-}
-
 impl Injector for Carrier {
     fn set(&mut self, key: &str, value: String) {
         // The propagator writes `tracestate` even when it is empty: no value for nothing.
@@ -116,15 +106,15 @@ impl Extractor for Carrier {
 /// The trace context of the hop the caller runs in, as a carrier: a handler's outbox rows
 /// continue its record's process span, or the request's server span.
 pub fn current_carrier() -> Carrier {
+    let mut carrier = Carrier::default();
     if enabled() {
-        Carrier::of(&Context::current())
-    } else {
-        Carrier::default()
+        TraceContextPropagator::new().inject_context(&Context::current(), &mut carrier);
     }
+    carrier
 }
 
 /// The remote context a carrier holds (none if it holds no valid `traceparent`).
-pub fn context_from(carrier: &dyn Extractor) -> Context {
+fn context_from(carrier: &dyn Extractor) -> Context {
     TraceContextPropagator::new().extract(carrier)
 }
 
@@ -316,7 +306,7 @@ fn messaging(topic: &str, operation: &'static str, key: &str, id: Option<&str>) 
 }
 
 /// A Kafka record's headers, read as a trace context carrier.
-pub struct RecordHeaders<'a, H: Headers>(pub &'a H);
+struct RecordHeaders<'a, H: Headers>(&'a H);
 
 impl<H: Headers> Extractor for RecordHeaders<'_, H> {
     fn get(&self, key: &str) -> Option<&str> {
