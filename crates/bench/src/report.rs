@@ -187,6 +187,10 @@ pub struct Traces {
     /// who pays for the traces.
     pub cpu_off: CpuPerOrder,
     pub cpu_on: CpuPerOrder,
+    /// Bytes of PostgreSQL's write-ahead log per order, over each mode's steps: what the
+    /// outbox's trace context adds to every write, and to checkpoints.
+    pub wal_off: f64,
+    pub wal_on: f64,
 }
 
 /// Milliseconds of CPU time per order settled, by part of the machine.

@@ -349,13 +349,15 @@ impl Report {
             })
             .collect();
         format!(
-            "CPU per order (ms), exporting nothing → exporting: the machine {}, {}% more; {}; PostgreSQL {}; Kafka {}; the load generator and the receiver {}.\n",
+            "CPU per order (ms), exporting nothing → exporting: the machine {}, {}% more; {}; PostgreSQL {}; Kafka {}; the load generator and the receiver {}. PostgreSQL's write-ahead log per order: {:.0} → {:.0} bytes.\n",
             change(off.machine, on.machine),
             fmt(100.0 * (on.machine / off.machine - 1.0)),
             services.join(", "),
             change(off.postgres, on.postgres),
             change(off.kafka, on.kafka),
             change(off.load_generator, on.load_generator),
+            self.traces.wal_off,
+            self.traces.wal_on,
         )
     }
 

@@ -4,7 +4,8 @@
 //! exporting its spans with OTLP to a receiver in this process that counts them, without
 //! decoding them, and drops them: the cost measured is the services', not a viewer's,
 //! which would compete for the same cores. The steps run off, on, on, off, so that a drift of the
-//! machine over the phase weighs on both alike; each mode's rate is the mean of its two.
+//! machine over the phase weighs on both alike, each from a checkpoint of PostgreSQL's;
+//! each mode's rate is the mean of its steps'.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use crate::db::Databases;
 use crate::load::{Keys, LoadGenerator, Shape};
 use crate::procs::{self, CpuSplit};
 use crate::report::{CpuPerOrder, Settled, Traces};
+use crate::sql::Database;
 
 use super::cancellations::settled;
 use super::stack::{PROVIDER, SERVICES, Stack};
@@ -34,12 +36,16 @@ pub(super) async fn traces(
     run_id: u64,
 ) -> anyhow::Result<Traces> {
     let sink = OtlpSink::discarding().await;
+    // Any database of the server reads its one WAL position.
+    let server = databases.connect(Database::Orders).await?;
     let exporting = [("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint())];
     let step = |tag: String, stack: &mut Stack| {
         // The marks are taken after the restart: a service's start is not an order's cost.
         stack.usage();
         let before = procs::Ticks::now();
+        let server = &server;
         async move {
+            let wal = wal_position(server).await?;
             generator
                 .run_count(
                     Shape::Closed {
@@ -51,35 +57,88 @@ pub(super) async fn traces(
                 )
                 .await;
             let settled = settled(databases, &tag, Duration::from_secs(300)).await?;
-            anyhow::Ok((settled, before))
+            let wal = wal_position(server).await? - wal;
+            anyhow::Ok((settled, Mark { ticks: before, wal }))
         }
     };
     let (mut off, mut on) = (Mode::default(), Mode::default());
+    let mut exporting_now = false;
+    let mut checkpoints = Checkpoints::default();
     for round in 1..=ROUNDS {
-        let tag = |step: &str| format!("bench{run_id}-traces{round}-{step}");
-        let (settled, before) = step(tag("off1"), stack).await?;
-        off.add(settled, before, stack);
-        restart(stack, &exporting).await?;
-        for name in ["on1", "on2"] {
-            let (settled, before) = step(tag(name), stack).await?;
-            on.add(settled, before, stack);
+        for (name, export) in [
+            ("off1", false),
+            ("on1", true),
+            ("on2", true),
+            ("off2", false),
+        ] {
+            if export != exporting_now {
+                restart(stack, if export { &exporting[..] } else { &[] }).await?;
+                exporting_now = export;
+            }
+            checkpoints.take(&server).await;
+            let tag = format!("bench{run_id}-traces{round}-{name}");
+            let (settled, mark) = step(tag, stack).await?;
+            let mode = if export { &mut on } else { &mut off };
+            mode.add(settled, mark, stack);
         }
-        restart(stack, &[]).await?;
-        let (settled, before) = step(tag("off2"), stack).await?;
-        off.add(settled, before, stack);
     }
     let spans = sink.count();
     let traces = Traces::new(off, on, spans);
     log(format!(
-        "traces: {:.0} orders/s exporting nothing, {:.0} orders/s exporting every span ({} spans, {:.1} per order); CPU per order {:.2} ms against {:.2} ms",
+        "traces: {:.0} orders/s exporting nothing, {:.0} orders/s exporting every span ({} spans, {:.1} per order); CPU per order {:.2} ms against {:.2} ms; WAL per order {:.0} bytes against {:.0}",
         traces.off_per_second,
         traces.on_per_second,
         traces.spans,
         traces.spans_per_order,
         traces.cpu_on.machine,
         traces.cpu_off.machine,
+        traces.wal_on,
+        traces.wal_off,
     ));
     Ok(traces)
+}
+
+/// Starts a step from a checkpoint, so that it pays for the first write to each page
+/// since then (the whole page goes to the WAL) and not for the step before it: a
+/// checkpoint that the WAL's size starts midway through one step would weigh on that
+/// step alone. Without the right to (`pg_checkpoint`, which `scripts/infra-up` grants),
+/// the steps go on without, as said once in the log.
+#[derive(Default)]
+struct Checkpoints {
+    refused: bool,
+}
+
+impl Checkpoints {
+    async fn take(&mut self, server: &tokio_postgres::Client) {
+        if self.refused {
+            return;
+        }
+        if let Err(error) = server.batch_execute("CHECKPOINT").await {
+            log(format!(
+                "traces: steps not started from a checkpoint: {}",
+                saga::db::describe(&error)
+            ));
+            self.refused = true;
+        }
+    }
+}
+
+/// The server's position in its write-ahead log, in bytes.
+async fn wal_position(server: &tokio_postgres::Client) -> anyhow::Result<f64> {
+    let row = server
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// What a step is measured from: the machine's CPU ticks when it began, and the WAL it
+/// wrote.
+struct Mark {
+    ticks: procs::Ticks,
+    wal: f64,
 }
 
 /// One mode's steps: their rates, and the CPU each part spent on them.
@@ -88,12 +147,15 @@ struct Mode {
     steps: Vec<Settled>,
     services: BTreeMap<String, f64>,
     cpu: CpuSplit,
+    /// Bytes of write-ahead log, the whole server's.
+    wal: f64,
 }
 
 impl Mode {
-    /// Adds a step that started at `before` and has just settled.
-    fn add(&mut self, settled: Settled, before: procs::Ticks, stack: &mut Stack) {
-        let cpu = procs::Ticks::now().since(&before, stack.tick_hz);
+    /// Adds a step, marked when it began, that has just settled.
+    fn add(&mut self, settled: Settled, mark: Mark, stack: &mut Stack) {
+        let cpu = procs::Ticks::now().since(&mark.ticks, stack.tick_hz);
+        self.wal += mark.wal;
         for (name, usage) in stack.usage() {
             *self.services.entry(name).or_default() += usage.cpu_seconds;
         }
@@ -104,9 +166,13 @@ impl Mode {
         self.steps.push(settled);
     }
 
+    fn orders(&self) -> f64 {
+        self.steps.iter().map(|step| step.orders as f64).sum()
+    }
+
     fn per_order(&self) -> CpuPerOrder {
-        let orders: i64 = self.steps.iter().map(|step| step.orders).sum();
-        let ms = |seconds: f64| 1000.0 * seconds / orders as f64;
+        let orders = self.orders();
+        let ms = |seconds: f64| 1000.0 * seconds / orders;
         CpuPerOrder {
             services: self
                 .services
@@ -135,14 +201,15 @@ impl Traces {
         let mean = |steps: &[Settled]| {
             steps.iter().map(|step| step.per_second).sum::<f64>() / steps.len() as f64
         };
-        let orders_on: i64 = on.steps.iter().map(|step| step.orders).sum();
         Self {
             off_per_second: mean(&off.steps),
             on_per_second: mean(&on.steps),
             spans,
-            spans_per_order: spans as f64 / orders_on as f64,
+            spans_per_order: spans as f64 / on.orders(),
             cpu_off: off.per_order(),
             cpu_on: on.per_order(),
+            wal_off: off.wal / off.orders(),
+            wal_on: on.wal / on.orders(),
             off: off.steps,
             on: on.steps,
         }
