@@ -3,9 +3,9 @@
 //! The same backlog settled with the services exporting nothing, then with every service
 //! exporting its spans with OTLP to a receiver in this process that counts them, without
 //! decoding them, and drops them: the cost measured is the services', not a viewer's,
-//! which would compete for the same cores. The steps run off, on, on, off, so that a drift of the
-//! machine over the phase weighs on both alike, each from a checkpoint of PostgreSQL's;
-//! each mode's rate is the mean of its steps'.
+//! which would compete for the same cores. The steps run off, on, on, off, so that a
+//! drift of the machine over the phase weighs on both alike, each from the same quiet
+//! database ([`QuietStart`]); each mode's rate is the mean of its steps'.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -63,7 +63,7 @@ pub(super) async fn traces(
     };
     let (mut off, mut on) = (Mode::default(), Mode::default());
     let mut exporting_now = false;
-    let mut checkpoints = Checkpoints::default();
+    let mut quiet = QuietStart::default();
     for round in 1..=ROUNDS {
         for (name, export) in [
             ("off1", false),
@@ -75,7 +75,7 @@ pub(super) async fn traces(
                 restart(stack, if export { &exporting[..] } else { &[] }).await?;
                 exporting_now = export;
             }
-            checkpoints.take(&server).await;
+            quiet.before_step(databases, &server).await?;
             let tag = format!("bench{run_id}-traces{round}-{name}");
             let (settled, mark) = step(tag, stack).await?;
             let mode = if export { &mut on } else { &mut off };
@@ -98,28 +98,48 @@ pub(super) async fn traces(
     Ok(traces)
 }
 
-/// Starts a step from a checkpoint, so that it pays for the first write to each page
-/// since then (the whole page goes to the WAL) and not for the step before it: a
-/// checkpoint that the WAL's size starts midway through one step would weigh on that
-/// step alone. Without the right to (`pg_checkpoint`, which `scripts/infra-up` grants),
-/// the steps go on without, as said once in the log.
+/// What each step starts from: every table of the saga's databases vacuumed and
+/// analysed, and then a checkpoint. A step therefore pays for its own writes only: not
+/// for an autovacuum or an autoanalyze that the step before it made due (each runs when a
+/// table has changed by a share of its rows, and under load fell on whichever step crossed
+/// the line), nor for a checkpoint begun midway by the WAL's size, after which every page
+/// is written whole to the WAL once more. Without the right to checkpoint
+/// (`pg_checkpoint`, which `scripts/infra-up` grants), the steps go on without one, as
+/// said once in the log.
 #[derive(Default)]
-struct Checkpoints {
-    refused: bool,
+struct QuietStart {
+    checkpoint_refused: bool,
 }
 
-impl Checkpoints {
-    async fn take(&mut self, server: &tokio_postgres::Client) {
-        if self.refused {
-            return;
+impl QuietStart {
+    async fn before_step(
+        &mut self,
+        databases: &Databases,
+        server: &tokio_postgres::Client,
+    ) -> anyhow::Result<()> {
+        for database in [
+            Database::Orders,
+            Database::Payments,
+            Database::Notifications,
+            Database::Provider,
+        ] {
+            databases
+                .connect(database)
+                .await?
+                .batch_execute("VACUUM (ANALYZE)")
+                .await?;
+        }
+        if self.checkpoint_refused {
+            return Ok(());
         }
         if let Err(error) = server.batch_execute("CHECKPOINT").await {
             log(format!(
                 "traces: steps not started from a checkpoint: {}",
                 saga::db::describe(&error)
             ));
-            self.refused = true;
+            self.checkpoint_refused = true;
         }
+        Ok(())
     }
 }
 
