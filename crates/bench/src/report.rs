@@ -187,8 +187,9 @@ pub struct Traces {
     /// who pays for the traces.
     pub cpu_off: CpuPerOrder,
     pub cpu_on: CpuPerOrder,
-    /// Bytes of PostgreSQL's write-ahead log per order, over each mode's steps: what the
-    /// outbox's trace context adds to every write, and to checkpoints.
+    /// Bytes of PostgreSQL's write-ahead log per order, over each mode's steps. The two
+    /// modes write the same rows (but for the trace context's few bytes), so a gap between
+    /// them says that their steps did not start from a database in the same state.
     pub wal_off: f64,
     pub wal_on: f64,
 }
