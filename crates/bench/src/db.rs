@@ -45,12 +45,7 @@ impl Databases {
     /// Drops and recreates the four databases, empty.
     pub async fn recreate(&self) -> anyhow::Result<()> {
         let admin = connect(&format!("{}/postgres", self.server)).await?;
-        for database in [
-            Database::Orders,
-            Database::Payments,
-            Database::Notifications,
-            Database::Provider,
-        ] {
+        for database in Database::ALL {
             let name = self.name(database);
             // Not `DROP DATABASE … WITH (FORCE)`: it refuses to end an autovacuum worker for
             // a role that is not a superuser, and the last run's deletes can leave one at

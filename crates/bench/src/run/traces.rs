@@ -63,7 +63,7 @@ pub(super) async fn traces(
     };
     let (mut off, mut on) = (Mode::default(), Mode::default());
     let mut exporting_now = false;
-    let mut quiet = QuietStart::default();
+    let mut quiet = QuietStart::connect(databases).await?;
     for round in 1..=ROUNDS {
         for (name, export) in [
             ("off1", false),
@@ -75,7 +75,7 @@ pub(super) async fn traces(
                 restart(stack, if export { &exporting[..] } else { &[] }).await?;
                 exporting_now = export;
             }
-            quiet.before_step(databases, &server).await?;
+            quiet.before_step(&server).await?;
             let tag = format!("bench{run_id}-traces{round}-{name}");
             let (settled, mark) = step(tag, stack).await?;
             let mode = if export { &mut on } else { &mut off };
@@ -106,28 +106,27 @@ pub(super) async fn traces(
 /// is written whole to the WAL once more. Without the right to checkpoint
 /// (`pg_checkpoint`, which `scripts/infra-up` grants), the steps go on without one, as
 /// said once in the log.
-#[derive(Default)]
 struct QuietStart {
+    /// A session in each of the run's databases, for its `VACUUM`.
+    sessions: Vec<tokio_postgres::Client>,
     checkpoint_refused: bool,
 }
 
 impl QuietStart {
-    async fn before_step(
-        &mut self,
-        databases: &Databases,
-        server: &tokio_postgres::Client,
-    ) -> anyhow::Result<()> {
-        for database in [
-            Database::Orders,
-            Database::Payments,
-            Database::Notifications,
-            Database::Provider,
-        ] {
-            databases
-                .connect(database)
-                .await?
-                .batch_execute("VACUUM (ANALYZE)")
-                .await?;
+    async fn connect(databases: &Databases) -> anyhow::Result<Self> {
+        let mut sessions = Vec::with_capacity(Database::ALL.len());
+        for database in Database::ALL {
+            sessions.push(databases.connect(database).await?);
+        }
+        Ok(Self {
+            sessions,
+            checkpoint_refused: false,
+        })
+    }
+
+    async fn before_step(&mut self, server: &tokio_postgres::Client) -> anyhow::Result<()> {
+        for session in &self.sessions {
+            session.batch_execute("VACUUM (ANALYZE)").await?;
         }
         if self.checkpoint_refused {
             return Ok(());

@@ -29,6 +29,16 @@ pub enum Database {
     Provider,
 }
 
+impl Database {
+    /// The run's four databases.
+    pub const ALL: [Database; 4] = [
+        Database::Orders,
+        Database::Payments,
+        Database::Notifications,
+        Database::Provider,
+    ];
+}
+
 /// Statements of another function of the same source that run before a transaction,
 /// each on its own (autocommitted), with their values.
 pub struct Ahead {
