@@ -192,6 +192,7 @@ async fn one_orders_trace_holds_every_hop_and_a_replayed_payment_meets_guard_1()
     );
     continues(notify, send_confirmed);
     assert_eq!(notify.attribute("saga.outcome"), Some("applied"));
+    ignored_records_make_no_span(&spans, order_id, &confirmed_id);
 
     // Nothing in the trace hangs loose: every span's parent is in it, but the client's.
     // The log reads as it does untraced: the fields that name a span for the exporter
@@ -215,6 +216,28 @@ async fn one_orders_trace_holds_every_hop_and_a_replayed_payment_meets_guard_1()
             span.service,
             span.name,
             outline(&spans)
+        );
+    }
+}
+
+/// A record of another consumer's type on a shared topic makes no span: neither
+/// notification-service's `order.created`, which it ended before the send span the test
+/// waits for, nor payment-service's `order.confirmed`.
+fn ignored_records_make_no_span(spans: &[Span], order_id: Uuid, confirmed_id: &str) {
+    for (service, event_id) in [
+        (NOTIFICATION_SERVICE, order_id.to_string()),
+        (PAYMENT_SERVICE, confirmed_id.to_owned()),
+    ] {
+        let found = spans.iter().filter(|span| {
+            span.service == service
+                && span.kind == "consumer"
+                && span.attribute("messaging.message.id") == Some(event_id.as_str())
+        });
+        assert_eq!(
+            found.count(),
+            0,
+            "{service} ignores {event_id}:\n{}",
+            outline(spans)
         );
     }
 }

@@ -72,6 +72,11 @@ impl Handler for NotifyCustomer {
     type Command = Notice;
     type Prepared = Notice;
 
+    fn ignores(&self, event_type: &str) -> bool {
+        // The saga's start shares the topic; it is payment-service's.
+        event_type == events::ORDER_CREATED
+    }
+
     fn decode(&self, event: &Envelope) -> Result<Option<Notice>, HandlerError> {
         let notice = match event.event_type.as_str() {
             events::ORDER_CONFIRMED | events::ORDER_CANCELLED => {
@@ -99,8 +104,7 @@ impl Handler for NotifyCustomer {
                     kind: Kind::Refunded,
                 }
             }
-            // The saga's start shares the topic; it is payment-service's.
-            events::ORDER_CREATED => return Ok(None),
+            other if self.ignores(other) => return Ok(None),
             other => {
                 return Err(HandlerError::rejected(format!(
                     "unknown event type `{other}` on the orders topic"

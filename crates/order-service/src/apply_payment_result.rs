@@ -34,12 +34,19 @@ impl Handler for ApplyPaymentResult {
     type Command = (PaymentResult, OrderStatus);
     type Prepared = Self::Command;
 
+    fn ignores(&self, event_type: &str) -> bool {
+        // payment-service's answers to a cancellation: SettleCancellation's.
+        matches!(
+            event_type,
+            events::PAYMENT_REFUNDED | events::PAYMENT_VOIDED
+        )
+    }
+
     fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError> {
         let decided = match event.event_type.as_str() {
             events::PAYMENT_SUCCEEDED => OrderStatus::Confirmed,
             events::PAYMENT_FAILED => OrderStatus::Cancelled,
-            // payment-service's answers to a cancellation: SettleCancellation's.
-            events::PAYMENT_REFUNDED | events::PAYMENT_VOIDED => return Ok(None),
+            other if self.ignores(other) => return Ok(None),
             other => {
                 return Err(HandlerError::rejected(format!(
                     "unknown event type `{other}`: the payments topic carries {}",

@@ -51,12 +51,19 @@ impl Handler for SettleCancellation {
     type Command = Answer;
     type Prepared = Answer;
 
+    fn ignores(&self, event_type: &str) -> bool {
+        // The payment's result: ApplyPaymentResult's.
+        matches!(
+            event_type,
+            events::PAYMENT_SUCCEEDED | events::PAYMENT_FAILED
+        )
+    }
+
     fn decode(&self, event: &Envelope) -> Result<Option<Answer>, HandlerError> {
         let answer = match event.event_type.as_str() {
             events::PAYMENT_REFUNDED => Answer::Refunded(event.payload()?),
             events::PAYMENT_VOIDED => Answer::Voided(event.payload()?),
-            // The payment's result: ApplyPaymentResult's.
-            events::PAYMENT_SUCCEEDED | events::PAYMENT_FAILED => return Ok(None),
+            other if self.ignores(other) => return Ok(None),
             other => {
                 return Err(HandlerError::rejected(format!(
                     "unknown event type `{other}`: the payments topic carries {}",

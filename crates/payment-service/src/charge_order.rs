@@ -72,14 +72,19 @@ impl Handler for ChargeOrder {
     type Command = OrderCreated;
     type Prepared = Charge;
 
+    fn ignores(&self, event_type: &str) -> bool {
+        // The saga's outcomes share the topic: notification-service's, and a
+        // cancellation RefundOrder's.
+        matches!(
+            event_type,
+            events::ORDER_CONFIRMED | events::ORDER_CANCELLED | events::ORDER_REFUNDED
+        )
+    }
+
     fn decode(&self, event: &Envelope) -> Result<Option<OrderCreated>, HandlerError> {
         match event.event_type.as_str() {
             events::ORDER_CREATED => {}
-            // The saga's outcomes share the topic: notification-service's, and a
-            // cancellation RefundOrder's.
-            events::ORDER_CONFIRMED | events::ORDER_CANCELLED | events::ORDER_REFUNDED => {
-                return Ok(None);
-            }
+            other if self.ignores(other) => return Ok(None),
             other => {
                 return Err(HandlerError::rejected(format!(
                     "unknown event type `{other}` on the orders topic"

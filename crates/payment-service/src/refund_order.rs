@@ -82,13 +82,18 @@ impl Handler for RefundOrder {
     type Command = OrderOutcome;
     type Prepared = Found;
 
+    fn ignores(&self, event_type: &str) -> bool {
+        // ChargeOrder's, notification-service's.
+        matches!(
+            event_type,
+            events::ORDER_CREATED | events::ORDER_CONFIRMED | events::ORDER_REFUNDED
+        )
+    }
+
     fn decode(&self, event: &Envelope) -> Result<Option<OrderOutcome>, HandlerError> {
         match event.event_type.as_str() {
             events::ORDER_CANCELLED => {}
-            // ChargeOrder's, notification-service's.
-            events::ORDER_CREATED | events::ORDER_CONFIRMED | events::ORDER_REFUNDED => {
-                return Ok(None);
-            }
+            other if self.ignores(other) => return Ok(None),
             other => {
                 return Err(HandlerError::rejected(format!(
                     "unknown event type `{other}` on the orders topic"

@@ -123,6 +123,16 @@ pub trait Handler: Send + Sync + 'static {
     /// database.
     type Prepared: Send + Sync;
 
+    /// Whether events of `event_type` are of this consumer's topic but another
+    /// consumer's: [`decode`](Handler::decode) answers `Ok(None)` for them whatever they
+    /// hold, and the consumer, which reads the type from a record's `event_type` header
+    /// before the record itself, makes them no process span in the order's trace. A shared
+    /// topic's other types would otherwise each add to every order's trace a span that
+    /// says only `ignored`, at a span's whole cost. `false` by default.
+    fn ignores(&self, _event_type: &str) -> bool {
+        false
+    }
+
     /// `Ok(None)` for an event this consumer has no business with; [`HandlerError::Rejected`]
     /// for one it can never apply (unknown type, a payload that does not decode).
     fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError>;
@@ -169,6 +179,11 @@ impl<H: Handler> Applier<H> {
             handler,
             relay: None,
         }
+    }
+
+    /// Whether its handler [ignores](Handler::ignores) events of `event_type`.
+    pub fn ignores(&self, event_type: &str) -> bool {
+        self.handler.ignores(event_type)
     }
 
     /// Runs the transactions beside `relay`, this process's outbox relay.
@@ -291,6 +306,10 @@ pub enum Either<L, R> {
 impl<A: Handler, B: Handler> Handler for Pair<A, B> {
     type Command = Either<A::Command, B::Command>;
     type Prepared = Either<A::Prepared, B::Prepared>;
+
+    fn ignores(&self, event_type: &str) -> bool {
+        self.0.ignores(event_type) && self.1.ignores(event_type)
+    }
 
     fn decode(&self, event: &Envelope) -> Result<Option<Self::Command>, HandlerError> {
         if let Some(command) = self.0.decode(event)? {

@@ -17,7 +17,9 @@
 //! viewer that follows links finds the producer even where the parent is not kept. Each
 //! record has its own process span in batches too. Its `saga.outcome` attribute says what
 //! the guards made of it (`applied`, `duplicate`, `guarded`, `ignored`, `dead_lettered`):
-//! a replayed event shows as a process span in the original's trace that met guard 1.
+//! a replayed event shows as a process span in the original's trace that met guard 1. A
+//! record of another consumer's type on a shared topic has none ([`crate::Handler::ignores`]):
+//! each order's trace would otherwise hold a span for every such record, saying only that.
 //!
 //! Only these hops are exported, each a [`Hop`] made with OpenTelemetry's own API, its
 //! attributes given at once; the log's `tracing` spans and events stay in the log. Bridged

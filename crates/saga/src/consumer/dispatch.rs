@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::metrics::{counter, histogram};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{Headers as _, Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
@@ -36,9 +36,21 @@ fn event_of(message: &OwnedMessage, spans: &Spans) -> Result<Envelope, crate::En
     Ok(envelope)
 }
 
+/// Whether the record's type, as the relay's `event_type` header gives it (the record is
+/// not parsed for it), is one `applier`'s handler ignores. A record without the header,
+/// or whose header belies its body, only has a span more or fewer than its type asks.
+fn ignored<H: Handler>(message: &OwnedMessage, applier: &Applier<H>) -> bool {
+    let headers = message.headers();
+    headers
+        .and_then(|headers| headers.iter().find(|header| header.key == "event_type"))
+        .and_then(|header| std::str::from_utf8(header.value?).ok())
+        .is_some_and(|event_type| applier.ignores(event_type))
+}
+
 /// A record's two spans: the log's, in which every line about the record is written (the
 /// fault suite finds each offset's fate by its `topic`, `partition` and `offset`), and its
-/// process span in the order's trace ([`trace::Hop::process`]).
+/// process span in the order's trace ([`trace::Hop::process`]), which a record of a type
+/// its handler [ignores](crate::Handler::ignores) goes without.
 #[derive(Clone)]
 struct Spans {
     log: Span,
@@ -46,7 +58,7 @@ struct Spans {
 }
 
 impl Spans {
-    fn of(message: &OwnedMessage, group: &str) -> Self {
+    fn of<H: Handler>(message: &OwnedMessage, group: &str, applier: &Applier<H>) -> Self {
         Self {
             log: tracing::info_span!(
                 "record",
@@ -55,7 +67,11 @@ impl Spans {
                 offset = message.offset(),
                 event_id = tracing::field::Empty,
             ),
-            hop: trace::Hop::process(message, group),
+            hop: if trace::enabled() && ignored(message, applier) {
+                trace::Hop::default()
+            } else {
+                trace::Hop::process(message, group)
+            },
         }
     }
 
@@ -181,7 +197,7 @@ impl<H: Handler> PartitionWorker<H> {
 
     /// Takes `message` in hand: its process span, and its prepare begun now if `ahead`.
     fn take(&self, message: OwnedMessage, ahead: bool) -> Taken<H::Prepared> {
-        let spans = Spans::of(&message, &self.settings.group_id);
+        let spans = Spans::of(&message, &self.settings.group_id, &self.applier);
         let ahead = if ahead {
             self.prepare_ahead(&message, &spans)
         } else {
