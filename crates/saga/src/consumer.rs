@@ -75,7 +75,7 @@ pub struct ConsumerSettings {
     pub topic: String,
     /// Where records that can never be processed go, with the reason in headers.
     pub dead_letter_topic: String,
-    /// Attempts for a failure of class [`Retry::AFewTimes`] before dead-lettering.
+    /// Attempts for a failure of class [`crate::Retry::AFewTimes`] before dead-lettering.
     pub max_attempts: u32,
     /// Most records of one partition applied in one transaction; 1 is a transaction per
     /// record.

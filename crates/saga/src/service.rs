@@ -142,7 +142,7 @@ impl Service {
     /// Waits for the broker to serve the topics the consumer reads (stopping at once on a
     /// refused login, certificate or topic, [`crate::kafka::await_broker`]), checks the
     /// inbox's window against their retention, then runs the HTTP server (`router` plus
-    /// [`Self::edge`]'s routes), the outbox relay, the pruner and the consumer until
+    /// the routes every service serves), the outbox relay, the pruner and the consumer until
     /// `shutdown`. If any of them fails, the others are stopped too
     /// and the error is returned, so a supervisor sees the service die rather than limp.
     pub async fn run<H: Handler>(
