@@ -19,12 +19,17 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 /// A header's value as text (lossily, should it not be UTF-8): the dead-letter
 /// headers are read this way by the redrive tool and the tests.
 pub fn header<M: Message>(message: &M, key: &str) -> Option<String> {
-    message
-        .headers()?
-        .iter()
-        .find(|h| h.key == key)
-        .and_then(|h| h.value)
-        .map(|v| String::from_utf8_lossy(v).into_owned())
+    header_bytes(message, key).map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// A header's value as text, borrowed from the record, if it is UTF-8: what the consumer
+/// reads of a record before parsing it, with nothing copied.
+pub fn header_str<'a, M: Message>(message: &'a M, key: &str) -> Option<&'a str> {
+    header_bytes(message, key).and_then(|v| std::str::from_utf8(v).ok())
+}
+
+fn header_bytes<'a, M: Message>(message: &'a M, key: &str) -> Option<&'a [u8]> {
+    message.headers()?.iter().find(|h| h.key == key)?.value
 }
 
 /// The names of everything the saga puts on the broker, under one namespace.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::metrics::{counter, histogram};
-use rdkafka::message::{Headers as _, Message, OwnedMessage};
+use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
@@ -40,10 +40,7 @@ fn event_of(message: &OwnedMessage, spans: &Spans) -> Result<Envelope, crate::En
 /// not parsed for it), is one `applier`'s handler ignores. A record without the header,
 /// or whose header belies its body, only has a span more or fewer than its type asks.
 fn ignored<H: Handler>(message: &OwnedMessage, applier: &Applier<H>) -> bool {
-    let headers = message.headers();
-    headers
-        .and_then(|headers| headers.iter().find(|header| header.key == "event_type"))
-        .and_then(|header| std::str::from_utf8(header.value?).ok())
+    crate::kafka::header_str(message, "event_type")
         .is_some_and(|event_type| applier.ignores(event_type))
 }
 
