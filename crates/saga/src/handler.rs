@@ -125,10 +125,8 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Whether events of `event_type` are of this consumer's topic but another
     /// consumer's: [`decode`](Handler::decode) answers `Ok(None)` for them whatever they
-    /// hold, and the consumer, which reads the type from a record's `event_type` header
-    /// before the record itself, makes them no process span in the order's trace. A shared
-    /// topic's other types would otherwise each add to every order's trace a span that
-    /// says only `ignored`, at a span's whole cost. `false` by default.
+    /// hold, and the consumer makes them no process span ([`crate::trace`] says why),
+    /// reading the type from the record's `event_type` header. `false` by default.
     fn ignores(&self, _event_type: &str) -> bool {
         false
     }
