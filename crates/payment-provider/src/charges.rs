@@ -115,6 +115,7 @@ async fn create_charge(
     let body = saga::http::json_body(&headers, &body).map_err(ProviderError::Body)?;
     let fingerprint = Fingerprint::of("POST", CHARGES, &body);
     let request = validate(&body)?;
+    let late = keyed::commit_late(fault);
 
     // A card processor finishes what it started when its caller hangs up: hyper drops
     // this handler when the connection closes, so the charge runs in a task of its own,
@@ -122,8 +123,12 @@ async fn create_charge(
     let work = tokio::spawn({
         let (state, key) = (state.clone(), key.clone());
         async move {
-            let decided = charge(&state.pool, state.rules, &key, fingerprint, &request).await?;
+            let decided =
+                charge(&state.pool, state.rules, &key, fingerprint, &request, late).await?;
             let count = |what| state.stats.count(Endpoint::Charges, what);
+            if late.is_some() && !decided.replayed {
+                count(Counted::CommittedLate);
+            }
             if decided.replayed {
                 count(Counted::Replayed);
                 tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.id, reference = %request.reference, "charge replayed for its idempotency key");
@@ -185,13 +190,15 @@ pub const INSERT_CHARGE: &str = "
 /// Decides a charge and stores it with the key and the answer, in one transaction; or
 /// finds the answer the key already has. A second call with the same key blocks on the
 /// key's insert until the first commits (it then replays its answer) or rolls back (it
-/// then decides the charge itself); `key_wait` bounds that wait.
+/// then decides the charge itself); `key_wait` bounds that wait. `late`, a `commit-late`
+/// fault's delay, holds the commit of a charge made ([`keyed::hold`]).
 async fn charge(
     pool: &Pool,
     rules: Rules,
     key: &IdempotencyKey,
     fingerprint: Fingerprint,
     request: &NewCharge,
+    late: Option<Duration>,
 ) -> Result<Decided, ProviderError> {
     let client = pool.get().await?;
     // Pipelined, like the saga's handlers: BEGIN goes out with the first statement, and
@@ -219,6 +226,10 @@ async fn charge(
         return keyed::replay(&tx, &stored, key, fingerprint).await;
     }
     tx.pipeline(tx.prepare_cached(INSERT_CHARGE).await?, charge_row(&charge));
+    if let Some(delay) = late {
+        tracing::info!(idempotency_key = key.as_str(), charge_id = %charge.id, ?delay, "commit held: commit-late fault armed");
+        keyed::hold(&tx, delay).await?;
+    }
     tx.commit().await?;
     Ok(Decided {
         status,

@@ -6,7 +6,28 @@
 //! {"kind": "lose-response", "rate": 0.33}
 //! {"kind": "unavailable", "next": 5}
 //! {"kind": "slow", "delay_ms": 3000, "endpoint": "refunds"}
+//! {"kind": "commit-late", "delay_ms": 3000}
 //! ```
+//!
+//! What each kind models, and where in the call it strikes:
+//!
+//! - `unavailable`: the provider is down. The call is answered `503` before anything is
+//!   done.
+//! - `slow` (`delay_ms`): a provider slow to take the call up. It waits *before* doing
+//!   anything, then answers as usual: a caller with a shorter timeout gives up with
+//!   nothing made yet, and its retry may overtake the first call.
+//! - `lose-response`: the answer lost on its way back. The work is committed, then the
+//!   connection is cut *after* the commit without a byte of answer.
+//! - `commit-late` (`delay_ms`): a provider whose write is slow to become durable (a
+//!   lock, a slow disk, a replica it waits for). The work is done in the call's
+//!   transaction (the key claimed, the charge or the refund written), then the
+//!   transaction is held open `delay_ms` *before its commit*, then committed and
+//!   answered. A caller with a shorter timeout gives up with no answer, and the charge or
+//!   the refund appears a moment later all the same. Until the commit, a read (`GET
+//!   /v1/charges?reference=`) does not show it, and a call with the same key queues on
+//!   the key's claim, as behind any call still running: it is answered the stored answer
+//!   (replayed) if the commit comes within `IDEMPOTENCY_KEY_WAIT`, and `409
+//!   idempotency_key_in_use` (`Retry-After: 1`) if not.
 //!
 //! A fault applies to the calls of its `endpoint`, `charges` (`POST /v1/charges`, the
 //! default, which every fault meant before refunds existed) or `refunds` (`POST
@@ -32,6 +53,10 @@ pub enum Kind {
     /// Do the work and commit it, then close the connection without a byte of answer:
     /// the charge is made and the caller never hears of it.
     LoseResponse,
+    /// Do the work in the call's transaction, then hold it open this long before the
+    /// commit, then commit and answer: a caller with a shorter timeout gives up, and the
+    /// charge or the refund commits a moment later; until then no read shows it.
+    CommitLate(Duration),
 }
 
 /// Which calls it hits.
@@ -99,16 +124,21 @@ enum KindName {
     Unavailable,
     Slow,
     LoseResponse,
+    CommitLate,
 }
 
 impl Fault {
     /// Reads the JSON form, saying which field is wrong.
     pub fn from_json(value: Value) -> Result<Self, String> {
         let spec: Spec = serde_json::from_value(value).map_err(|error| error.to_string())?;
-        let kind = match (spec.kind, spec.delay_ms) {
-            (KindName::Slow, Some(ms)) => Kind::Slow(Duration::from_millis(ms)),
+        let kind = match (spec.kind, spec.delay_ms.map(Duration::from_millis)) {
+            (KindName::Slow, Some(delay)) => Kind::Slow(delay),
+            (KindName::CommitLate, Some(delay)) => Kind::CommitLate(delay),
             (KindName::Slow, None) => return Err("a slow fault needs delay_ms".into()),
-            (_, Some(_)) => return Err("delay_ms is for a slow fault only".into()),
+            (KindName::CommitLate, None) => {
+                return Err("a commit-late fault needs delay_ms".into());
+            }
+            (_, Some(_)) => return Err("delay_ms is for a slow or commit-late fault only".into()),
             (KindName::Unavailable, None) => Kind::Unavailable,
             (KindName::LoseResponse, None) => Kind::LoseResponse,
         };
@@ -143,6 +173,7 @@ impl Fault {
             Kind::Unavailable => (KindName::Unavailable, None),
             Kind::Slow(delay) => (KindName::Slow, Some(delay.as_millis() as u64)),
             Kind::LoseResponse => (KindName::LoseResponse, None),
+            Kind::CommitLate(delay) => (KindName::CommitLate, Some(delay.as_millis() as u64)),
         };
         let mut json = serde_json::json!({ "kind": kind });
         if let Some(ms) = delay_ms {
@@ -275,6 +306,7 @@ mod tests {
             r#"{"kind":"slow","delay_ms":3000,"next":2}"#,
             r#"{"kind":"lose-response","rate":0.33}"#,
             r#"{"kind":"unavailable","rate":1.0}"#,
+            r#"{"kind":"commit-late","delay_ms":1500,"rate":0.5}"#,
         ] {
             let fault = Fault::parse(text).unwrap();
             assert_eq!(Fault::from_json(fault.to_json()).unwrap(), fault, "{text}");
@@ -282,6 +314,8 @@ mod tests {
         for (text, says) in [
             (r#"{"kind":"slow"}"#, "delay_ms"),
             (r#"{"kind":"unavailable","delay_ms":5}"#, "delay_ms"),
+            (r#"{"kind":"commit-late"}"#, "delay_ms"),
+            (r#"{"kind":"lose-response","delay_ms":5}"#, "delay_ms"),
             (r#"{"kind":"unavailable","rate":0.5,"next":1}"#, "not both"),
             (r#"{"kind":"unavailable","rate":1.5}"#, "rate"),
             (r#"{"kind":"unavailable","next":0}"#, "next"),
@@ -299,6 +333,25 @@ mod tests {
                 .when,
             When::Rate(1.0)
         );
+    }
+
+    #[test]
+    fn a_commit_late_fault_holds_the_commit_of_charges_or_refunds() {
+        for endpoint in [Endpoint::Charges, Endpoint::Refunds] {
+            let fault = Fault::from_json(json!({
+                "kind": "commit-late", "delay_ms": 2500, "next": 1, "endpoint": endpoint,
+            }))
+            .unwrap();
+            assert_eq!(fault.kind, Kind::CommitLate(Duration::from_millis(2500)));
+            assert_eq!(fault.endpoint, endpoint);
+            assert_eq!(
+                fault.to_json(),
+                json!({"kind": "commit-late", "delay_ms": 2500, "next": 1})
+            );
+            let faults = Faults::new(Some(fault));
+            assert_eq!(faults.draw(endpoint), Some(fault.kind));
+            assert_eq!(faults.draw(endpoint), None);
+        }
     }
 
     #[test]

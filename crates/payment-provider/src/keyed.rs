@@ -37,8 +37,8 @@ pub fn key(headers: &HeaderMap) -> Result<IdempotencyKey, ProviderError> {
 }
 
 /// Counts the call and draws `endpoint`'s fault for it: `unavailable` refuses it here,
-/// `slow` delays it here; `lose-response` is returned, for [`answer`] to apply once the
-/// work is committed.
+/// `slow` delays it here; `commit-late` is returned, for the work to [`hold`] its
+/// commit, and `lose-response`, for [`answer`] to apply once the work is committed.
 pub async fn draw_fault(
     faults: &Faults,
     stats: &Stats,
@@ -64,9 +64,36 @@ pub async fn draw_fault(
             );
             tokio::time::sleep(delay).await;
         }
-        Some(Kind::LoseResponse) | None => {}
+        Some(Kind::LoseResponse | Kind::CommitLate(_)) | None => {}
     }
     Ok(fault)
+}
+
+/// How long a drawn `commit-late` fault holds the commit, if one was drawn.
+pub fn commit_late(fault: Option<Kind>) -> Option<Duration> {
+    match fault {
+        Some(Kind::CommitLate(delay)) => Some(delay),
+        _ => None,
+    }
+}
+
+/// What a `commit-late` fault does between the work and its commit: sends the writes
+/// queued on `tx` and waits for them, so the transaction holds its rows and its locks
+/// (the key's claim, a refund's charge) and any error of theirs is known now; then keeps
+/// the transaction open, uncommitted, for `delay`. Meanwhile no read sees what it wrote,
+/// and a call with the same key queues on the claim.
+pub async fn hold(tx: &Transaction<'_>, delay: Duration) -> Result<(), tokio_postgres::Error> {
+    // A statement waited for sends the queued writes ahead of it. It also lets this
+    // transaction stay idle past the pool's bound (`saga::db::pool`), for this once:
+    // the server would otherwise end it, and the late commit would never come.
+    let idle = format!("{}ms", (delay + saga::lease::DEFAULT_LEASE).as_millis());
+    tx.query_one(
+        "SELECT set_config('idle_in_transaction_session_timeout', $1, true)",
+        &[&idle],
+    )
+    .await?;
+    tokio::time::sleep(delay).await;
+    Ok(())
 }
 
 /// The answer to `decided`, at `{path}/{id}`: the first one, or its replay; under a

@@ -88,8 +88,10 @@ pub struct Config {
     pub keys: KeyConfig,
 
     /// A fault armed from the start, as `PUT /admin/fault` takes it:
-    /// `{"kind": "lose-response", "rate": 0.33}`, on charges unless it names
-    /// `"endpoint": "refunds"`.
+    /// `{"kind": "lose-response", "rate": 0.33}`, for the `next` N calls or at a `rate`
+    /// of them. On charges, or on refunds with `"endpoint": "refunds"`: `unavailable`,
+    /// `slow` (`delay_ms`, waits before the work), `lose-response` (cuts the connection
+    /// after the commit), `commit-late` (`delay_ms`, holds the commit).
     #[arg(long, env = "PROVIDER_FAULT", value_parser = Fault::parse)]
     pub provider_fault: Option<Fault>,
 

@@ -8,6 +8,8 @@
 //! key (the first one expired, or lost) is refused with `400 charge_already_refunded`,
 //! and the charge lists the refund that was made.
 
+use std::time::Duration;
+
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
@@ -72,13 +74,18 @@ async fn create_refund(
     let body = saga::http::json_body(&headers, &body).map_err(ProviderError::Body)?;
     let fingerprint = Fingerprint::of("POST", REFUNDS, &body);
     let request = validate(&body)?;
+    let late = keyed::commit_late(fault);
 
     // Finished when the caller hangs up, as a charge is (`charges::create_charge`).
     let work = tokio::spawn({
         let (state, key) = (state.clone(), key.clone());
         async move {
-            let decided = refund(&state.pool, state.rules, &key, fingerprint, &request).await?;
+            let decided =
+                refund(&state.pool, state.rules, &key, fingerprint, &request, late).await?;
             let count = |what| state.stats.count(Endpoint::Refunds, what);
+            if late.is_some() && !decided.replayed {
+                count(Counted::CommittedLate);
+            }
             if decided.replayed {
                 count(Counted::Replayed);
                 tracing::info!(idempotency_key = key.as_str(), refund_id = %decided.id, charge_id = %request.charge_id, "refund replayed for its idempotency key");
@@ -146,13 +153,15 @@ const ONE_REFUND_PER_CHARGE: &str = "refunds_charge_id_key";
 /// finds the answer the key already has. The key is the first lock taken, so two calls
 /// with one key queue on it (the second replays the first's answer), and the charge's
 /// lock the second, so refunds of one charge under two keys queue on it (the second is
-/// refused).
+/// refused). `late`, a `commit-late` fault's delay, holds the commit of a refund made,
+/// with both locks ([`keyed::hold`]).
 async fn refund(
     pool: &Pool,
     rules: Rules,
     key: &IdempotencyKey,
     fingerprint: Fingerprint,
     request: &NewRefund,
+    late: Option<Duration>,
 ) -> Result<Decided, ProviderError> {
     let client = pool.get().await?;
     let tx = Transaction::begin(&client);
@@ -200,7 +209,7 @@ async fn refund(
             Box::new(refund.created_at),
         ],
     );
-    tx.commit().await.map_err(|error| {
+    let failed = |error: tokio_postgres::Error| {
         let constraint = error.as_db_error().and_then(|db| db.constraint());
         match error.code() {
             Some(&SqlState::UNIQUE_VIOLATION) if constraint == Some(ONE_REFUND_PER_CHARGE) => {
@@ -209,7 +218,13 @@ async fn refund(
             Some(&SqlState::LOCK_NOT_AVAILABLE) => ProviderError::ChargeInUse,
             _ => error.into(),
         }
-    })?;
+    };
+    if let Some(delay) = late {
+        tracing::info!(idempotency_key = key.as_str(), refund_id = %refund.id, ?delay, "commit held: commit-late fault armed");
+        // The writes' errors come back here rather than at the commit.
+        keyed::hold(&tx, delay).await.map_err(failed)?;
+    }
+    tx.commit().await.map_err(failed)?;
     Ok(Decided {
         status,
         id: refund.id,

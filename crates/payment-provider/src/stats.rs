@@ -25,6 +25,8 @@ pub struct Counters {
     pub slowed: AtomicU64,
     /// Calls whose work was committed and whose answer was dropped on purpose.
     pub lost_responses: AtomicU64,
+    /// Calls whose commit a `commit-late` fault held (a replay has none to hold).
+    pub committed_late: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -43,6 +45,7 @@ pub enum Counted {
     Unavailable,
     Slowed,
     LostResponse,
+    CommittedLate,
 }
 
 impl Stats {
@@ -78,6 +81,10 @@ impl Stats {
                 &counters.lost_responses,
                 Some(metrics::counter!(faults, "kind" => "lose_response")),
             ),
+            Counted::CommittedLate => (
+                &counters.committed_late,
+                Some(metrics::counter!(faults, "kind" => "commit_late")),
+            ),
         };
         counter.fetch_add(1, Ordering::Relaxed);
         if let Some(metric) = metric {
@@ -98,6 +105,7 @@ impl Stats {
             "unavailable": read(&charges.unavailable),
             "slowed": read(&charges.slowed),
             "lost_responses": read(&charges.lost_responses),
+            "committed_late": read(&charges.committed_late),
             "refunds": {
                 "calls": read(&refunds.calls),
                 "refunded": read(&refunds.made),
@@ -105,6 +113,7 @@ impl Stats {
                 "unavailable": read(&refunds.unavailable),
                 "slowed": read(&refunds.slowed),
                 "lost_responses": read(&refunds.lost_responses),
+                "committed_late": read(&refunds.committed_late),
             },
         })
     }

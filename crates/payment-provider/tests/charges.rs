@@ -9,6 +9,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use common::{provider, provider_with, request};
+use saga_testkit::eventually;
 
 #[tokio::test]
 async fn a_key_charges_once_and_every_retry_gets_the_first_answer() {
@@ -224,6 +225,56 @@ async fn a_slow_call_given_up_on_and_retried_with_its_key_charges_once() {
     let charges = provider.admin.charges_for("order-7").await;
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0]["id"], retry.body["id"]);
+}
+
+/// A commit held past its caller's timeout: the caller hears nothing, the charge is
+/// written but no read shows it until the commit, and it is made all the same; a call
+/// with the key meanwhile queues on the key's claim and gets the charge once committed.
+#[tokio::test]
+async fn a_late_commit_is_unseen_until_it_comes_and_then_is_the_one_charge() {
+    let provider =
+        provider_with(|config| config.keys.idempotency_key_wait = Duration::from_secs(30)).await;
+    let body = request("order-8", 900);
+    provider
+        .admin
+        .arm(json!({"kind": "commit-late", "delay_ms": 3000, "next": 1}))
+        .await;
+
+    let gave_up = provider
+        .charge_within(Some("k-8"), &body, Duration::from_millis(200))
+        .await;
+    assert!(gave_up.err().is_some_and(|e| e.is_timeout()));
+    // An insert into `charges` not yet committed: the held charge.
+    let held = "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                 WHERE l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND c.relname = 'charges' AND l.mode = 'RowExclusiveLock'";
+    eventually(
+        Duration::from_secs(30),
+        "the charge written and its commit held",
+        || async { (provider.db.count(held, &[]).await > 0).then_some(()) },
+    )
+    .await;
+    let listed = provider.admin.charges_for("order-8").await;
+    assert!(
+        provider.db.count(held, &[]).await > 0,
+        "the list was read while the commit was held"
+    );
+    assert!(
+        listed.is_empty(),
+        "an uncommitted charge is listed: {listed:?}"
+    );
+
+    let retry = provider.charge(Some("k-8"), &body).await.unwrap();
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert!(retry.replayed, "the retry waited for the held charge");
+    let made = provider.admin.charges_for("order-8").await;
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0]["id"], retry.body["id"]);
+    let stats = provider.admin.stats().await;
+    assert_eq!(
+        (stats["committed_late"].as_u64(), stats["charged"].as_u64()),
+        (Some(1), Some(1))
+    );
 }
 
 #[tokio::test]

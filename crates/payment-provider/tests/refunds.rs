@@ -80,7 +80,7 @@ async fn a_refund_is_made_once_and_every_retry_with_its_key_gets_the_first_answe
     let stats = provider.admin.stats().await;
     assert_eq!(
         stats["refunds"],
-        json!({"calls": 4, "refunded": 1, "replayed": 3, "unavailable": 0, "slowed": 0, "lost_responses": 0})
+        json!({"calls": 4, "refunded": 1, "replayed": 3, "unavailable": 0, "slowed": 0, "lost_responses": 0, "committed_late": 0})
     );
     assert_eq!(
         stats["calls"], 1,
