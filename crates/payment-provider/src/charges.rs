@@ -115,7 +115,7 @@ async fn create_charge(
     let body = saga::http::json_body(&headers, &body).map_err(ProviderError::Body)?;
     let fingerprint = Fingerprint::of("POST", CHARGES, &body);
     let request = validate(&body)?;
-    let late = keyed::commit_late(fault);
+    let late = keyed::commit_late(fault.as_ref());
 
     // A card processor finishes what it started when its caller hangs up: hyper drops
     // this handler when the connection closes, so the charge runs in a task of its own,
@@ -131,14 +131,14 @@ async fn create_charge(
             }
             if decided.replayed {
                 count(Counted::Replayed);
-                tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.id, reference = %request.reference, "charge replayed for its idempotency key");
+                tracing::info!(idempotency_key = key.as_str(), charge_id = decided.id.as_deref(), reference = %request.reference, "charge replayed for its idempotency key");
             } else {
                 if decided.status == StatusCode::CREATED {
                     count(Counted::Made);
                 } else {
                     count(Counted::Declined);
                 }
-                tracing::info!(idempotency_key = key.as_str(), charge_id = %decided.id, reference = %request.reference, amount_cents = request.amount_cents, status = decided.status.as_u16(), "charge decided");
+                tracing::info!(idempotency_key = key.as_str(), charge_id = decided.id.as_deref(), reference = %request.reference, amount_cents = request.amount_cents, status = decided.status.as_u16(), "charge decided");
             }
             Ok::<_, ProviderError>(decided)
         }
@@ -233,7 +233,7 @@ async fn charge(
     tx.commit().await?;
     Ok(Decided {
         status,
-        id: charge.id,
+        id: Some(charge.id),
         body,
         replayed: false,
     })

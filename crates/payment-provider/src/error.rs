@@ -9,6 +9,10 @@ use saga::http::BodyError;
 use saga::idempotency::KeyError;
 use serde_json::json;
 
+/// The code of a refund asked of a charge refunded already: a caller reads it as the
+/// refund made, and takes the refund from the charge.
+pub const CHARGE_ALREADY_REFUNDED: &str = "charge_already_refunded";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
     /// 415 or 400.
@@ -89,7 +93,7 @@ impl ProviderError {
                 (StatusCode::BAD_REQUEST, "charge_not_refundable")
             }
             ProviderError::ChargeAlreadyRefunded(_) => {
-                (StatusCode::BAD_REQUEST, "charge_already_refunded")
+                (StatusCode::BAD_REQUEST, CHARGE_ALREADY_REFUNDED)
             }
             ProviderError::ChargeInUse => (StatusCode::CONFLICT, "charge_in_use"),
             ProviderError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),

@@ -7,6 +7,7 @@
 //! {"kind": "unavailable", "next": 5}
 //! {"kind": "slow", "delay_ms": 3000, "endpoint": "refunds"}
 //! {"kind": "commit-late", "delay_ms": 3000}
+//! {"kind": "refuse", "endpoint": "refunds", "code": "charge_disputed"}
 //! ```
 //!
 //! What each kind models, and where in the call it strikes:
@@ -28,11 +29,22 @@
 //!   the key's claim, as behind any call still running: it is answered the stored answer
 //!   (replayed) if the commit comes within `IDEMPOTENCY_KEY_WAIT`, and `409
 //!   idempotency_key_in_use` (`Retry-After: 1`) if not.
+//! - `refuse` (refunds only; `code`, `charge_disputed` unless given): a provider that
+//!   declines to give the money back (the charge is disputed, the balance too low). No
+//!   refund is made; the call is answered `400` with `{"error": {"code": <code>,
+//!   "message": …}}`, as Stripe answers a refund it refuses (an `invalid_request_error`;
+//!   its `402` is a card's decline). The refusal is decided like a refund made: stored
+//!   with the key in the call's transaction, as Stripe keeps any answer of a call it
+//!   began, so a replay with the key gets the same refusal and only a new key tries
+//!   again. The request is checked first: an unknown charge, a declined one or too
+//!   large an amount is answered as ever, and stores nothing. The code may not be
+//!   `charge_already_refunded`, which a caller reads as refunded.
 //!
 //! A fault applies to the calls of its `endpoint`, `charges` (`POST /v1/charges`, the
 //! default, which every fault meant before refunds existed) or `refunds` (`POST
 //! /v1/refunds`), and only those draw it: a refund's answer can be lost while every
-//! charge is answered. It hits at a `rate` of the calls (deterministic, so a rate of
+//! charge is answered. A kind that goes on one endpoint alone (`refuse`: refunds) is
+//! armed there without naming it, and naming another is refused. It hits at a `rate` of the calls (deterministic, so a rate of
 //! 0.25 is every fourth call), or the `next` N calls (then it disarms), or, with neither,
 //! every call until it is disarmed.
 
@@ -43,7 +55,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// What goes wrong.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     /// Answer `503` before doing anything: the provider is down.
     Unavailable,
@@ -57,6 +69,23 @@ pub enum Kind {
     /// commit, then commit and answer: a caller with a shorter timeout gives up, and the
     /// charge or the refund commits a moment later; until then no read shows it.
     CommitLate(Duration),
+    /// Refunds only: make no refund, and answer `400` with this code, stored with the key
+    /// as a refund made would be.
+    Refuse(String),
+}
+
+/// A `refuse` fault's code unless it gives one: Stripe's for a refund of a charge the
+/// cardholder disputed.
+pub const CHARGE_DISPUTED: &str = "charge_disputed";
+
+impl Kind {
+    /// The one endpoint this kind can be armed on, if it cannot go on every one.
+    fn only_on(&self) -> Option<Endpoint> {
+        match self {
+            Kind::Refuse(_) => Some(Endpoint::Refunds),
+            Kind::Unavailable | Kind::Slow(_) | Kind::LoseResponse | Kind::CommitLate(_) => None,
+        }
+    }
 }
 
 /// Which calls it hits.
@@ -99,7 +128,7 @@ impl Endpoint {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Fault {
     pub kind: Kind,
     pub when: When,
@@ -112,10 +141,11 @@ pub struct Fault {
 struct Spec {
     kind: KindName,
     delay_ms: Option<u64>,
+    code: Option<String>,
     rate: Option<f64>,
     next: Option<u32>,
-    #[serde(default)]
-    endpoint: Endpoint,
+    /// Charges unless the kind goes on one endpoint alone ([`Kind::only_on`]).
+    endpoint: Option<Endpoint>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize)]
@@ -125,13 +155,52 @@ enum KindName {
     Slow,
     LoseResponse,
     CommitLate,
+    Refuse,
+}
+
+impl KindName {
+    fn as_str(self) -> &'static str {
+        match self {
+            KindName::Unavailable => "unavailable",
+            KindName::Slow => "slow",
+            KindName::LoseResponse => "lose-response",
+            KindName::CommitLate => "commit-late",
+            KindName::Refuse => "refuse",
+        }
+    }
+}
+
+/// A `refuse` fault's `code`, checked: shaped like the provider's own codes, and never
+/// the one a caller reads as a refund made.
+fn refusal_code(code: Option<String>) -> Result<String, String> {
+    let code = code.unwrap_or_else(|| CHARGE_DISPUTED.to_owned());
+    let shaped = (1..=64).contains(&code.len())
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !shaped {
+        return Err(format!(
+            "code must be 1 to 64 lower-case letters, digits or underscores, not {code:?}"
+        ));
+    }
+    if code == crate::error::CHARGE_ALREADY_REFUNDED {
+        return Err(format!(
+            "code {code} means the refund was made, and a refuse fault makes none; \
+             e.g. {CHARGE_DISPUTED}"
+        ));
+    }
+    Ok(code)
 }
 
 impl Fault {
     /// Reads the JSON form, saying which field is wrong.
     pub fn from_json(value: Value) -> Result<Self, String> {
         let spec: Spec = serde_json::from_value(value).map_err(|error| error.to_string())?;
-        let kind = match (spec.kind, spec.delay_ms.map(Duration::from_millis)) {
+        let name = spec.kind;
+        if spec.code.is_some() && !matches!(name, KindName::Refuse) {
+            return Err("code is for a refuse fault only".into());
+        }
+        let kind = match (name, spec.delay_ms.map(Duration::from_millis)) {
             (KindName::Slow, Some(delay)) => Kind::Slow(delay),
             (KindName::CommitLate, Some(delay)) => Kind::CommitLate(delay),
             (KindName::Slow, None) => return Err("a slow fault needs delay_ms".into()),
@@ -141,7 +210,22 @@ impl Fault {
             (_, Some(_)) => return Err("delay_ms is for a slow or commit-late fault only".into()),
             (KindName::Unavailable, None) => Kind::Unavailable,
             (KindName::LoseResponse, None) => Kind::LoseResponse,
+            (KindName::Refuse, None) => Kind::Refuse(refusal_code(spec.code)?),
         };
+        let endpoint = spec
+            .endpoint
+            .or(kind.only_on())
+            .unwrap_or(Endpoint::Charges);
+        if let Some(only) = kind.only_on()
+            && endpoint != only
+        {
+            return Err(format!(
+                "endpoint {:?}: a {} fault is for {} only",
+                endpoint.name(),
+                name.as_str(),
+                only.name()
+            ));
+        }
         let when = match (spec.rate, spec.next) {
             (Some(_), Some(_)) => return Err("give rate or next, not both".into()),
             (Some(rate), None) if rate > 0.0 && rate <= 1.0 => When::Rate(rate),
@@ -153,7 +237,7 @@ impl Fault {
         Ok(Self {
             kind,
             when,
-            endpoint: spec.endpoint,
+            endpoint,
         })
     }
 
@@ -167,17 +251,23 @@ impl Fault {
 
     /// What the fault does and when; where it applies is said by where it is shown
     /// (`GET /admin/fault`'s `faults`), so `fault`, the charges' own, reads as before.
-    /// Read back by [`Fault::from_json`] with `endpoint` added, unless it is `charges`.
-    pub fn to_json(self) -> Value {
-        let (kind, delay_ms) = match self.kind {
+    /// Read back by [`Fault::from_json`] with `endpoint` added, unless it is the kind's
+    /// default (`charges`, or the one endpoint the kind goes on).
+    pub fn to_json(&self) -> Value {
+        let millis = |delay: &Duration| delay.as_millis() as u64;
+        let (kind, delay_ms) = match &self.kind {
             Kind::Unavailable => (KindName::Unavailable, None),
-            Kind::Slow(delay) => (KindName::Slow, Some(delay.as_millis() as u64)),
+            Kind::Slow(delay) => (KindName::Slow, Some(millis(delay))),
             Kind::LoseResponse => (KindName::LoseResponse, None),
-            Kind::CommitLate(delay) => (KindName::CommitLate, Some(delay.as_millis() as u64)),
+            Kind::CommitLate(delay) => (KindName::CommitLate, Some(millis(delay))),
+            Kind::Refuse(_) => (KindName::Refuse, None),
         };
         let mut json = serde_json::json!({ "kind": kind });
         if let Some(ms) = delay_ms {
             json["delay_ms"] = ms.into();
+        }
+        if let Kind::Refuse(code) = &self.kind {
+            json["code"] = code.as_str().into();
         }
         match self.when {
             When::Rate(rate) => json["rate"] = rate.into(),
@@ -223,7 +313,8 @@ impl Faults {
     /// Arms `fault` on its endpoint in place of any other there; the other endpoint's
     /// stays as it is.
     pub fn arm(&self, fault: Fault) {
-        *self.slot(fault.endpoint) = Some(Armed { fault, calls: 0 });
+        let endpoint = fault.endpoint;
+        *self.slot(endpoint) = Some(Armed { fault, calls: 0 });
     }
 
     pub fn disarm(&self, endpoint: Endpoint) {
@@ -232,7 +323,9 @@ impl Faults {
 
     /// The fault armed on `endpoint`, with what is left of a `next` count.
     pub fn armed(&self, endpoint: Endpoint) -> Option<Fault> {
-        self.slot(endpoint).as_ref().map(|armed| armed.fault)
+        self.slot(endpoint)
+            .as_ref()
+            .map(|armed| armed.fault.clone())
     }
 
     /// Whether this call to `endpoint` is hit, and by what.
@@ -240,7 +333,7 @@ impl Faults {
         let mut armed = self.slot(endpoint);
         let current = armed.as_mut()?;
         current.calls += 1;
-        let kind = current.fault.kind;
+        let kind = current.fault.kind.clone();
         match &mut current.fault.when {
             When::Rate(rate) => {
                 let n = current.calls as f64;
@@ -259,7 +352,7 @@ impl Faults {
     /// `GET /admin/fault`'s answer: `fault` the charges' (as it was before refunds had
     /// faults of their own), `faults` each endpoint's.
     pub fn to_json(&self) -> Value {
-        let armed = |endpoint| self.armed(endpoint).map(Fault::to_json);
+        let armed = |endpoint| self.armed(endpoint).as_ref().map(Fault::to_json);
         serde_json::json!({
             "fault": armed(Endpoint::Charges),
             "faults": {
@@ -307,6 +400,7 @@ mod tests {
             r#"{"kind":"lose-response","rate":0.33}"#,
             r#"{"kind":"unavailable","rate":1.0}"#,
             r#"{"kind":"commit-late","delay_ms":1500,"rate":0.5}"#,
+            r#"{"kind":"refuse","code":"insufficient_funds","next":3}"#,
         ] {
             let fault = Fault::parse(text).unwrap();
             assert_eq!(Fault::from_json(fault.to_json()).unwrap(), fault, "{text}");
@@ -316,6 +410,18 @@ mod tests {
             (r#"{"kind":"unavailable","delay_ms":5}"#, "delay_ms"),
             (r#"{"kind":"commit-late"}"#, "delay_ms"),
             (r#"{"kind":"lose-response","delay_ms":5}"#, "delay_ms"),
+            (
+                r#"{"kind":"refuse","delay_ms":5,"endpoint":"refunds"}"#,
+                "delay_ms",
+            ),
+            (r#"{"kind":"slow","delay_ms":5,"code":"x"}"#, "code"),
+            (r#"{"kind":"refuse","endpoint":"charges"}"#, "endpoint"),
+            (r#"{"kind":"refuse","code":""}"#, "code"),
+            (r#"{"kind":"refuse","code":"Disputed!"}"#, "code"),
+            (
+                r#"{"kind":"refuse","code":"charge_already_refunded"}"#,
+                "charge_already_refunded",
+            ),
             (r#"{"kind":"unavailable","rate":0.5,"next":1}"#, "not both"),
             (r#"{"kind":"unavailable","rate":1.5}"#, "rate"),
             (r#"{"kind":"unavailable","next":0}"#, "next"),
@@ -348,10 +454,38 @@ mod tests {
                 fault.to_json(),
                 json!({"kind": "commit-late", "delay_ms": 2500, "next": 1})
             );
-            let faults = Faults::new(Some(fault));
+            let faults = Faults::new(Some(fault.clone()));
             assert_eq!(faults.draw(endpoint), Some(fault.kind));
             assert_eq!(faults.draw(endpoint), None);
         }
+    }
+
+    #[test]
+    fn a_refuse_fault_is_the_refunds_and_says_its_code() {
+        let fault = Fault::parse(r#"{"kind":"refuse","endpoint":"refunds"}"#).unwrap();
+        assert_eq!(fault.kind, Kind::Refuse(CHARGE_DISPUTED.into()));
+        assert_eq!(fault.endpoint, Endpoint::Refunds);
+        assert_eq!(
+            fault.to_json(),
+            json!({"kind": "refuse", "code": "charge_disputed", "rate": 1.0})
+        );
+        assert_eq!(
+            Fault::parse(r#"{"kind":"refuse"}"#).unwrap(),
+            fault,
+            "a refuse fault goes on refunds without naming them"
+        );
+        let error = Fault::parse(r#"{"kind":"refuse","endpoint":"charges"}"#).unwrap_err();
+        assert!(error.starts_with("endpoint \"charges\""), "{error}");
+
+        let faults = Faults::new(Some(
+            Fault::parse(r#"{"kind":"refuse","code":"balance_insufficient","next":1}"#).unwrap(),
+        ));
+        assert_eq!(faults.draw(Endpoint::Charges), None);
+        assert_eq!(
+            faults.draw(Endpoint::Refunds),
+            Some(Kind::Refuse("balance_insufficient".into()))
+        );
+        assert_eq!(faults.draw(Endpoint::Refunds), None);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use axum::http::header::LOCATION;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use saga::Transaction;
@@ -23,8 +24,9 @@ use crate::stats::{Counted, Stats};
 /// The answer a key's first call decided, or its replay.
 pub struct Decided {
     pub status: StatusCode,
-    /// The charge or the refund the answer is about: its `Location`.
-    pub id: String,
+    /// The charge or the refund the answer is about: its `Location`. None for a refund
+    /// refused by a `refuse` fault, which made nothing to point at.
+    pub id: Option<String>,
     pub body: String,
     pub replayed: bool,
 }
@@ -38,7 +40,8 @@ pub fn key(headers: &HeaderMap) -> Result<IdempotencyKey, ProviderError> {
 
 /// Counts the call and draws `endpoint`'s fault for it: `unavailable` refuses it here,
 /// `slow` delays it here; `commit-late` is returned, for the work to [`hold`] its
-/// commit, and `lose-response`, for [`answer`] to apply once the work is committed.
+/// commit, `refuse`, for a refund to refuse, and `lose-response`, for [`answer`] to
+/// apply once the work is committed.
 pub async fn draw_fault(
     faults: &Faults,
     stats: &Stats,
@@ -46,7 +49,7 @@ pub async fn draw_fault(
 ) -> Result<Option<Kind>, ProviderError> {
     stats.count(endpoint, Counted::Call);
     let fault = faults.draw(endpoint);
-    match fault {
+    match &fault {
         Some(Kind::Unavailable) => {
             stats.count(endpoint, Counted::Unavailable);
             tracing::info!(
@@ -62,17 +65,17 @@ pub async fn draw_fault(
                 ?delay,
                 "call slowed: slow fault armed"
             );
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(*delay).await;
         }
-        Some(Kind::LoseResponse | Kind::CommitLate(_)) | None => {}
+        Some(Kind::LoseResponse | Kind::CommitLate(_) | Kind::Refuse(_)) | None => {}
     }
     Ok(fault)
 }
 
 /// How long a drawn `commit-late` fault holds the commit, if one was drawn.
-pub fn commit_late(fault: Option<Kind>) -> Option<Duration> {
+pub fn commit_late(fault: Option<&Kind>) -> Option<Duration> {
     match fault {
-        Some(Kind::CommitLate(delay)) => Some(delay),
+        Some(Kind::CommitLate(delay)) => Some(*delay),
         _ => None,
     }
 }
@@ -96,8 +99,9 @@ pub async fn hold(tx: &Transaction<'_>, delay: Duration) -> Result<(), tokio_pos
     Ok(())
 }
 
-/// The answer to `decided`, at `{path}/{id}`: the first one, or its replay; under a
-/// `lose-response` fault, none at all, the connection cut after the commit.
+/// The answer to `decided`, at `{path}/{id}` (nowhere for a refusal, which made nothing):
+/// the first one, or its replay; under a `lose-response` fault, none at all, the
+/// connection cut after the commit.
 pub fn answer(
     stats: &Stats,
     endpoint: Endpoint,
@@ -107,17 +111,27 @@ pub fn answer(
     connection: &Connection,
     key: &IdempotencyKey,
 ) -> Response {
-    let location = format!("{path}/{}", decided.id);
-    if fault == Some(Kind::LoseResponse) {
+    let id = decided.id.as_deref().unwrap_or_default();
+    let location = format!("{path}/{id}");
+    if matches!(fault, Some(Kind::LoseResponse)) {
         stats.count(endpoint, Counted::LostResponse);
-        tracing::info!(endpoint = endpoint.name(), idempotency_key = key.as_str(), id = %decided.id, "answer dropped: lose-response fault armed; the connection is cut");
+        tracing::info!(
+            endpoint = endpoint.name(),
+            idempotency_key = key.as_str(),
+            id,
+            "answer dropped: lose-response fault armed; the connection is cut"
+        );
         connection.sever();
     }
-    if decided.replayed {
+    let mut response = if decided.replayed {
         idempotency::replay(decided.status, &location, decided.body)
     } else {
         idempotency::response(decided.status, &location, decided.body)
+    };
+    if decided.id.is_none() {
+        response.headers_mut().remove(LOCATION);
     }
+    response
 }
 
 /// Runs `statement`, the key's wait (`charges::KEY_WAIT`): the call's time, the
@@ -153,8 +167,9 @@ pub async fn claim(
 }
 
 /// Runs `statement`, the read of the answer stored with `key` (its columns: the
-/// fingerprint, the id of what the answer is about, the status, the body), claimed by an
-/// earlier call: replayed if that call was this one, refused if it was another.
+/// fingerprint, the id of what the answer is about or NULL for a refusal, the status,
+/// the body), claimed by an earlier call: replayed if that call was this one, refused if
+/// it was another.
 pub async fn replay(
     tx: &Transaction<'_>,
     statement: &Statement,
@@ -169,15 +184,12 @@ pub async fn replay(
     if stored.get::<_, &[u8]>(0) != fingerprint.as_bytes() {
         return Err(ProviderError::IdempotencyKeyReused);
     }
-    let id: Option<String> = stored.get(1);
     let status = stored.get::<_, i16>(2) as u16;
     Ok(Decided {
         status: StatusCode::from_u16(status).map_err(|error| {
             ProviderError::Internal(anyhow::anyhow!("stored status {status}: {error}"))
         })?,
-        id: id.ok_or_else(|| {
-            ProviderError::Internal(anyhow::anyhow!("key {} stored no id", key.as_str()))
-        })?,
+        id: stored.get(1),
         body: stored.get(3),
         replayed: true,
     })

@@ -91,7 +91,8 @@ pub struct Config {
     /// `{"kind": "lose-response", "rate": 0.33}`, for the `next` N calls or at a `rate`
     /// of them. On charges, or on refunds with `"endpoint": "refunds"`: `unavailable`,
     /// `slow` (`delay_ms`, waits before the work), `lose-response` (cuts the connection
-    /// after the commit), `commit-late` (`delay_ms`, holds the commit).
+    /// after the commit), `commit-late` (`delay_ms`, holds the commit). On refunds only:
+    /// `refuse` (`code`, default `charge_disputed`; 400, stored with the key).
     #[arg(long, env = "PROVIDER_FAULT", value_parser = Fault::parse)]
     pub provider_fault: Option<Fault>,
 
@@ -168,8 +169,8 @@ impl Application {
     /// Serves the API, the admin endpoints and `/health`, and prunes expired keys, until
     /// `shutdown`.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let faults = Arc::new(Faults::new(self.config.provider_fault));
-        if let Some(fault) = self.config.provider_fault {
+        let faults = Arc::new(Faults::new(self.config.provider_fault.clone()));
+        if let Some(fault) = &self.config.provider_fault {
             tracing::warn!(endpoint = fault.endpoint.name(), fault = %fault.to_json(), "fault armed from PROVIDER_FAULT");
         }
         let state = AppState {
@@ -252,8 +253,8 @@ async fn arm_fault(
         .and_then(Fault::from_json);
     match armed {
         Ok(fault) => {
-            state.faults.arm(fault);
             tracing::warn!(endpoint = fault.endpoint.name(), fault = %fault.to_json(), "fault armed");
+            state.faults.arm(fault);
             Json(state.faults.to_json()).into_response()
         }
         Err(message) => invalid_fault(message),

@@ -7,6 +7,10 @@
 //! most one refund (`refunds.charge_id` is UNIQUE), so a refund asked for under a second
 //! key (the first one expired, or lost) is refused with `400 charge_already_refunded`,
 //! and the charge lists the refund that was made.
+//!
+//! Under a `refuse` fault ([`crate::faults`]) a refund is refused, `400` with the fault's
+//! code: no refund is made, and the refusal is stored with the key as a refund made would
+//! be (the key's row names the charge and no refund), so the key's replays refuse too.
 
 use std::time::Duration;
 
@@ -20,14 +24,14 @@ use deadpool_postgres::Pool;
 use saga::Transaction;
 use saga::idempotency::{Fingerprint, IdempotencyKey};
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 use time::OffsetDateTime;
 use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::charges::{AppState, KEY_WAIT, Rules};
 use crate::error::ProviderError;
-use crate::faults::Endpoint;
+use crate::faults::{Endpoint, Kind};
 use crate::keyed::{self, Decided};
 use crate::sever::Connection;
 use crate::stats::Counted;
@@ -49,7 +53,7 @@ pub struct Refund {
     pub amount_cents: i64,
     /// The charge's: a refund gives back what was taken, in the money it was taken in.
     pub currency: String,
-    /// Always `succeeded`: a refund that cannot be made is an error, and nothing is kept
+    /// Always `succeeded`: a refund that cannot be made is an error, and no refund is kept
     /// of it.
     pub status: String,
     #[serde(with = "time::serde::rfc3339")]
@@ -74,24 +78,33 @@ async fn create_refund(
     let body = saga::http::json_body(&headers, &body).map_err(ProviderError::Body)?;
     let fingerprint = Fingerprint::of("POST", REFUNDS, &body);
     let request = validate(&body)?;
-    let late = keyed::commit_late(fault);
 
     // Finished when the caller hangs up, as a charge is (`charges::create_charge`).
     let work = tokio::spawn({
-        let (state, key) = (state.clone(), key.clone());
+        let (state, key, drawn) = (state.clone(), key.clone(), fault.clone());
         async move {
-            let decided =
-                refund(&state.pool, state.rules, &key, fingerprint, &request, late).await?;
+            let decided = refund(
+                &state.pool,
+                state.rules,
+                &key,
+                fingerprint,
+                &request,
+                drawn.as_ref(),
+            )
+            .await?;
             let count = |what| state.stats.count(Endpoint::Refunds, what);
-            if late.is_some() && !decided.replayed {
+            if keyed::commit_late(drawn.as_ref()).is_some() && !decided.replayed {
                 count(Counted::CommittedLate);
             }
             if decided.replayed {
                 count(Counted::Replayed);
-                tracing::info!(idempotency_key = key.as_str(), refund_id = %decided.id, charge_id = %request.charge_id, "refund replayed for its idempotency key");
-            } else {
+                tracing::info!(idempotency_key = key.as_str(), refund_id = decided.id.as_deref(), charge_id = %request.charge_id, status = decided.status.as_u16(), "refund replayed for its idempotency key");
+            } else if decided.status == StatusCode::CREATED {
                 count(Counted::Made);
-                tracing::info!(idempotency_key = key.as_str(), refund_id = %decided.id, charge_id = %request.charge_id, amount_cents = request.amount_cents, "refund made");
+                tracing::info!(idempotency_key = key.as_str(), refund_id = decided.id.as_deref(), charge_id = %request.charge_id, amount_cents = request.amount_cents, "refund made");
+            } else {
+                count(Counted::Refused);
+                tracing::info!(idempotency_key = key.as_str(), charge_id = %request.charge_id, body = %decided.body, "refund refused: refuse fault armed");
             }
             Ok::<_, ProviderError>(decided)
         }
@@ -120,7 +133,7 @@ pub const CHARGE_TO_REFUND: &str = "
     SELECT amount_cents, currency, status FROM charges WHERE id = $1";
 
 /// Claims the key with the answer this call is about to give, naming the charge and the
-/// refund; takes over an expired one. No row back: the key was claimed before, by a call
+/// refund (none, for a refusal); takes over an expired one. No row back: the key was claimed before, by a call
 /// now committed.
 pub const CLAIM_REFUND_KEY: &str = "
     INSERT INTO idempotency_keys
@@ -153,15 +166,16 @@ const ONE_REFUND_PER_CHARGE: &str = "refunds_charge_id_key";
 /// finds the answer the key already has. The key is the first lock taken, so two calls
 /// with one key queue on it (the second replays the first's answer), and the charge's
 /// lock the second, so refunds of one charge under two keys queue on it (the second is
-/// refused). `late`, a `commit-late` fault's delay, holds the commit of a refund made,
-/// with both locks ([`keyed::hold`]).
+/// refused). The `fault` drawn for the call: `commit-late` holds the commit of a refund
+/// made ([`commit_refund`]); `refuse` makes the answer a refusal, stored with the key in
+/// place of a refund, and the charge is neither locked nor refunded.
 async fn refund(
     pool: &Pool,
     rules: Rules,
     key: &IdempotencyKey,
     fingerprint: Fingerprint,
     request: &NewRefund,
-    late: Option<Duration>,
+    fault: Option<&Kind>,
 ) -> Result<Decided, ProviderError> {
     let client = pool.get().await?;
     let tx = Transaction::begin(&client);
@@ -174,8 +188,18 @@ async fn refund(
         .await?
         .ok_or_else(|| ProviderError::NotFound(request.charge_id.clone()))?;
     let refund = decide(request, &charge, created_at)?;
-    let body = serde_json::to_string(&refund).expect("a refund serializes");
-    let status = StatusCode::CREATED;
+    let (status, body, refund_id) = match fault {
+        Some(Kind::Refuse(code)) => (
+            StatusCode::BAD_REQUEST,
+            refusal(code, &refund.charge_id),
+            None,
+        ),
+        _ => (
+            StatusCode::CREATED,
+            serde_json::to_string(&refund).expect("a refund serializes"),
+            Some(refund.id.as_str()),
+        ),
+    };
 
     let claimed = keyed::claim(
         &tx,
@@ -184,7 +208,7 @@ async fn refund(
             &key.as_str(),
             &fingerprint.as_bytes(),
             &refund.charge_id,
-            &refund.id,
+            &refund_id,
             &(status.as_u16() as i16),
             &body,
             &rules.key_ttl.as_secs_f64(),
@@ -195,6 +219,33 @@ async fn refund(
         let stored = tx.prepare_cached(STORED_REFUND_ANSWER).await?;
         return keyed::replay(&tx, &stored, key, fingerprint).await;
     }
+    if refund_id.is_none() {
+        // Refused: the key and its answer are all there is to commit.
+        tx.commit().await?;
+        return Ok(Decided {
+            status,
+            id: None,
+            body,
+            replayed: false,
+        });
+    }
+    commit_refund(tx, &refund, key, keyed::commit_late(fault)).await?;
+    Ok(Decided {
+        status,
+        id: Some(refund.id),
+        body,
+        replayed: false,
+    })
+}
+
+/// Locks the charge, inserts `refund` and commits; `late`, a `commit-late` fault's delay,
+/// holds the commit with both locks taken ([`keyed::hold`]).
+async fn commit_refund(
+    tx: Transaction<'_>,
+    refund: &Refund,
+    key: &IdempotencyKey,
+    late: Option<Duration>,
+) -> Result<(), ProviderError> {
     // Neither answer is read: both go out with COMMIT, and their errors come back there.
     tx.pipeline(
         tx.prepare_cached(LOCK_CHARGE).await?,
@@ -224,13 +275,7 @@ async fn refund(
         // The writes' errors come back here rather than at the commit.
         keyed::hold(&tx, delay).await.map_err(failed)?;
     }
-    tx.commit().await.map_err(failed)?;
-    Ok(Decided {
-        status,
-        id: refund.id,
-        body,
-        replayed: false,
-    })
+    tx.commit().await.map_err(failed)
 }
 
 /// The refund `request` makes of `charge` (its `CHARGE_TO_REFUND` row) if its key is
@@ -260,6 +305,20 @@ fn decide(
         status: "succeeded".to_owned(),
         created_at,
     })
+}
+
+/// The body of a refund refused with `code` by a `refuse` fault: the API's error, with
+/// the charge it was asked of.
+fn refusal(code: &str, charge_id: &str) -> String {
+    json!({ "error": {
+        "code": code,
+        "message": format!(
+            "the refund of charge {charge_id} was refused; this Idempotency-Key keeps \
+             the refusal, so another attempt needs a new key"
+        ),
+        "charge": charge_id,
+    }})
+    .to_string()
 }
 
 /// Checks a body field by field, naming the first that is wrong, as a charge's is.

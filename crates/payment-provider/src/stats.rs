@@ -15,7 +15,7 @@ pub struct Counters {
     /// New charges that succeeded, or new refunds.
     pub made: AtomicU64,
     /// New charges that were declined (refunds are never declined: a refund that cannot
-    /// be made is an error, and stores nothing).
+    /// be made is an error, and stores nothing, unless a `refuse` fault refused it).
     pub declined: AtomicU64,
     /// Calls answered with the stored answer of their key.
     pub replayed: AtomicU64,
@@ -27,6 +27,9 @@ pub struct Counters {
     pub lost_responses: AtomicU64,
     /// Calls whose commit a `commit-late` fault held (a replay has none to hold).
     pub committed_late: AtomicU64,
+    /// Refunds a `refuse` fault refused, the refusal stored with the key (its replays
+    /// are counted as replays).
+    pub refused: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -46,6 +49,7 @@ pub enum Counted {
     Slowed,
     LostResponse,
     CommittedLate,
+    Refused,
 }
 
 impl Stats {
@@ -85,6 +89,10 @@ impl Stats {
                 &counters.committed_late,
                 Some(metrics::counter!(faults, "kind" => "commit_late")),
             ),
+            Counted::Refused => (
+                &counters.refused,
+                Some(metrics::counter!(faults, "kind" => "refuse")),
+            ),
         };
         counter.fetch_add(1, Ordering::Relaxed);
         if let Some(metric) = metric {
@@ -114,6 +122,7 @@ impl Stats {
                 "slowed": read(&refunds.slowed),
                 "lost_responses": read(&refunds.lost_responses),
                 "committed_late": read(&refunds.committed_late),
+                "refused": read(&refunds.refused),
             },
         })
     }

@@ -80,7 +80,7 @@ async fn a_refund_is_made_once_and_every_retry_with_its_key_gets_the_first_answe
     let stats = provider.admin.stats().await;
     assert_eq!(
         stats["refunds"],
-        json!({"calls": 4, "refunded": 1, "replayed": 3, "unavailable": 0, "slowed": 0, "lost_responses": 0, "committed_late": 0})
+        json!({"calls": 4, "refunded": 1, "replayed": 3, "unavailable": 0, "slowed": 0, "lost_responses": 0, "committed_late": 0, "refused": 0})
     );
     assert_eq!(
         stats["calls"], 1,
@@ -432,4 +432,63 @@ async fn a_refunds_key_taken_over_by_a_charge_forgets_the_refund() {
     assert!(!charge.replayed);
     assert_eq!(provider.db.count(refund_key, &[]).await, 0);
     assert_eq!(refund_rows(&provider, &charge_id).await, 1);
+}
+
+/// A refund the provider refuses is not made, and the refusal is the key's answer: a
+/// replay gets the same refusal, never `charge_already_refunded`, and only a new key
+/// tries again.
+#[tokio::test]
+async fn a_refused_refund_is_not_made_and_its_key_keeps_the_refusal() {
+    let provider = provider().await;
+    let charge_id = charged(&provider, "order-r11", 900).await;
+    let body = refund_of(&charge_id, 900);
+    provider
+        .admin
+        .arm(json!({"kind": "refuse", "endpoint": "refunds", "next": 1}))
+        .await;
+
+    let refused = provider
+        .refund(Some("order-r11:refund"), &body)
+        .await
+        .unwrap();
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    assert_eq!(refused.body["error"]["code"], "charge_disputed");
+    assert_eq!(refused.body["error"]["charge"], charge_id.as_str());
+    assert!(!refused.replayed);
+    assert_eq!(refund_rows(&provider, &charge_id).await, 0);
+
+    // The fault is spent: what answers now is the key.
+    let replay = provider
+        .http
+        .post(format!("{}/v1/refunds", provider.url))
+        .header("Idempotency-Key", "order-r11:refund")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        replay.headers().get("location"),
+        None,
+        "a refusal points at no refund"
+    );
+    assert_eq!(replay.json::<Value>().await.unwrap(), refused.body);
+    assert_eq!(refund_rows(&provider, &charge_id).await, 0);
+
+    let made = provider
+        .refund(Some("order-r11:refund:2"), &body)
+        .await
+        .unwrap();
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    assert_eq!(refund_rows(&provider, &charge_id).await, 1);
+    let stats = provider.admin.stats().await;
+    assert_eq!(
+        (
+            stats["refunds"]["refused"].as_u64(),
+            stats["refunds"]["replayed"].as_u64(),
+            stats["refunds"]["refunded"].as_u64()
+        ),
+        (Some(1), Some(1), Some(1))
+    );
 }
