@@ -29,7 +29,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 pub use crate::error::ProviderError;
-use crate::faults::{Endpoint, Faults};
+use crate::faults::{Endpoint, Faults, Kind};
 use crate::keyed::{self, Decided};
 use crate::sever::Connection;
 use crate::stats::{Counted, Stats};
@@ -351,16 +351,49 @@ pub const LIST_CHARGES: &str = "
          ORDER BY created_at DESC, id LIMIT $2
     ) latest ORDER BY created_at, id";
 
+/// `LIST_CHARGES` under a `list-lag` fault: without the charges younger than `$3`
+/// seconds, by the database's clock, which stamped them.
+pub const LIST_CHARGES_LAGGING: &str = "
+    SELECT * FROM (
+        SELECT * FROM charges WHERE ($1::text IS NULL OR reference = $1)
+           AND created_at <= now() - make_interval(secs => $3)
+         ORDER BY created_at DESC, id LIMIT $2
+    ) latest ORDER BY created_at, id";
+
 /// `GET /v1/charges?reference=<order id>`: the charges made for one reference (or the
-/// latest ones), oldest first, so a person can count them, each with its refunds.
+/// latest ones), oldest first, so a person can count them, each with its refunds. Under
+/// a `list-lag` fault, the charges younger than its lag are left out.
 async fn list_charges(
     State(state): State<AppState>,
     Query(query): Query<ListQuery>,
 ) -> Result<axum::Json<Value>, ProviderError> {
+    state.stats.count(Endpoint::List, Counted::Call);
+    let lag = match state.faults.draw(Endpoint::List) {
+        Some(Kind::ListLag(lag)) => Some(lag),
+        _ => None,
+    };
     let client = state.pool.get().await?;
-    let rows = client
-        .query(LIST_CHARGES, &[&query.reference, &LIST_LIMIT])
-        .await?;
+    let rows = match lag {
+        None => {
+            client
+                .query(LIST_CHARGES, &[&query.reference, &LIST_LIMIT])
+                .await?
+        }
+        Some(lag) => {
+            state.stats.count(Endpoint::List, Counted::Lagged);
+            tracing::info!(
+                reference = query.reference.as_deref(),
+                ?lag,
+                "list lagged: list-lag fault armed"
+            );
+            client
+                .query(
+                    LIST_CHARGES_LAGGING,
+                    &[&query.reference, &LIST_LIMIT, &lag.as_secs_f64()],
+                )
+                .await?
+        }
+    };
     let data = with_refunds(&client, rows.iter().map(charge_from_row).collect()).await?;
     Ok(axum::Json(json!({ "object": "list", "data": data })))
 }

@@ -1,6 +1,6 @@
 //! Faults on demand, for the tests and the walkthrough: what the provider can be told to
-//! do wrong. Each keyed endpoint has a fault of its own, armed by `PROVIDER_FAULT` at
-//! start or `PUT /admin/fault` at run time, both in the same JSON:
+//! do wrong. Each endpoint has a fault of its own, armed by `PROVIDER_FAULT` at start or
+//! `PUT /admin/fault` at run time, both in the same JSON:
 //!
 //! ```json
 //! {"kind": "lose-response", "rate": 0.33}
@@ -8,6 +8,7 @@
 //! {"kind": "slow", "delay_ms": 3000, "endpoint": "refunds"}
 //! {"kind": "commit-late", "delay_ms": 3000}
 //! {"kind": "refuse", "endpoint": "refunds", "code": "charge_disputed"}
+//! {"kind": "list-lag", "lag_ms": 2000}
 //! ```
 //!
 //! What each kind models, and where in the call it strikes:
@@ -39,12 +40,18 @@
 //!   again. The request is checked first: an unknown charge, a declined one or too
 //!   large an amount is answered as ever, and stores nothing. The code may not be
 //!   `charge_already_refunded`, which a caller reads as refunded.
+//! - `list-lag` (the list only; `lag_ms`): a provider whose list or search is not
+//!   read-after-write (an index, a replica behind its primary). `GET
+//!   /v1/charges?reference=` leaves out the charges younger than `lag_ms` (by their
+//!   `created_at`), so a charge answered `201` is not listed until it is that old; the
+//!   charges it does list show their refunds as they are.
 //!
 //! A fault applies to the calls of its `endpoint`, `charges` (`POST /v1/charges`, the
-//! default, which every fault meant before refunds existed) or `refunds` (`POST
-//! /v1/refunds`), and only those draw it: a refund's answer can be lost while every
-//! charge is answered. A kind that goes on one endpoint alone (`refuse`: refunds) is
-//! armed there without naming it, and naming another is refused. It hits at a `rate` of the calls (deterministic, so a rate of
+//! default, which every fault meant before refunds existed), `refunds` (`POST
+//! /v1/refunds`) or `list` (`GET /v1/charges`, with a `reference` or without), and only
+//! those draw it: a refund's answer can be lost while every charge is answered. A kind
+//! that goes on one endpoint alone (`refuse`: refunds; `list-lag`: list) is armed there
+//! without naming it, and naming another is refused; the list takes `list-lag` alone. It hits at a `rate` of the calls (deterministic, so a rate of
 //! 0.25 is every fourth call), or the `next` N calls (then it disarms), or, with neither,
 //! every call until it is disarmed.
 
@@ -72,6 +79,9 @@ pub enum Kind {
     /// Refunds only: make no refund, and answer `400` with this code, stored with the key
     /// as a refund made would be.
     Refuse(String),
+    /// The list only: leave out the charges younger than this, as a list that is not
+    /// read-after-write does.
+    ListLag(Duration),
 }
 
 /// A `refuse` fault's code unless it gives one: Stripe's for a refund of a charge the
@@ -83,6 +93,7 @@ impl Kind {
     fn only_on(&self) -> Option<Endpoint> {
         match self {
             Kind::Refuse(_) => Some(Endpoint::Refunds),
+            Kind::ListLag(_) => Some(Endpoint::List),
             Kind::Unavailable | Kind::Slow(_) | Kind::LoseResponse | Kind::CommitLate(_) => None,
         }
     }
@@ -98,7 +109,7 @@ pub enum When {
     Next(u32),
 }
 
-/// The keyed endpoint a fault is armed on.
+/// The endpoint a fault is armed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Endpoint {
@@ -107,16 +118,19 @@ pub enum Endpoint {
     Charges,
     /// `POST /v1/refunds`.
     Refunds,
+    /// `GET /v1/charges`, the list (`?reference=…`).
+    List,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 2] = [Endpoint::Charges, Endpoint::Refunds];
+    pub const ALL: [Endpoint; 3] = [Endpoint::Charges, Endpoint::Refunds, Endpoint::List];
 
     /// As the JSON and the logs name it.
     pub fn name(self) -> &'static str {
         match self {
             Endpoint::Charges => "charges",
             Endpoint::Refunds => "refunds",
+            Endpoint::List => "list",
         }
     }
 
@@ -124,7 +138,7 @@ impl Endpoint {
         Self::ALL
             .into_iter()
             .find(|endpoint| endpoint.name() == name)
-            .ok_or_else(|| format!("no endpoint {name:?}; charges or refunds"))
+            .ok_or_else(|| format!("no endpoint {name:?}; charges, refunds or list"))
     }
 }
 
@@ -141,6 +155,7 @@ pub struct Fault {
 struct Spec {
     kind: KindName,
     delay_ms: Option<u64>,
+    lag_ms: Option<u64>,
     code: Option<String>,
     rate: Option<f64>,
     next: Option<u32>,
@@ -156,6 +171,7 @@ enum KindName {
     LoseResponse,
     CommitLate,
     Refuse,
+    ListLag,
 }
 
 impl KindName {
@@ -166,6 +182,7 @@ impl KindName {
             KindName::LoseResponse => "lose-response",
             KindName::CommitLate => "commit-late",
             KindName::Refuse => "refuse",
+            KindName::ListLag => "list-lag",
         }
     }
 }
@@ -200,6 +217,9 @@ impl Fault {
         if spec.code.is_some() && !matches!(name, KindName::Refuse) {
             return Err("code is for a refuse fault only".into());
         }
+        if spec.lag_ms.is_some() && !matches!(name, KindName::ListLag) {
+            return Err("lag_ms is for a list-lag fault only".into());
+        }
         let kind = match (name, spec.delay_ms.map(Duration::from_millis)) {
             (KindName::Slow, Some(delay)) => Kind::Slow(delay),
             (KindName::CommitLate, Some(delay)) => Kind::CommitLate(delay),
@@ -211,6 +231,10 @@ impl Fault {
             (KindName::Unavailable, None) => Kind::Unavailable,
             (KindName::LoseResponse, None) => Kind::LoseResponse,
             (KindName::Refuse, None) => Kind::Refuse(refusal_code(spec.code)?),
+            (KindName::ListLag, None) => match spec.lag_ms {
+                Some(ms) => Kind::ListLag(Duration::from_millis(ms)),
+                None => return Err("a list-lag fault needs lag_ms".into()),
+            },
         };
         let endpoint = spec
             .endpoint
@@ -224,6 +248,12 @@ impl Fault {
                 endpoint.name(),
                 name.as_str(),
                 only.name()
+            ));
+        }
+        if endpoint == Endpoint::List && kind.only_on() != Some(Endpoint::List) {
+            return Err(format!(
+                "endpoint \"list\" takes a list-lag fault only, not {}",
+                name.as_str()
             ));
         }
         let when = match (spec.rate, spec.next) {
@@ -261,13 +291,16 @@ impl Fault {
             Kind::LoseResponse => (KindName::LoseResponse, None),
             Kind::CommitLate(delay) => (KindName::CommitLate, Some(millis(delay))),
             Kind::Refuse(_) => (KindName::Refuse, None),
+            Kind::ListLag(_) => (KindName::ListLag, None),
         };
         let mut json = serde_json::json!({ "kind": kind });
         if let Some(ms) = delay_ms {
             json["delay_ms"] = ms.into();
         }
-        if let Kind::Refuse(code) = &self.kind {
-            json["code"] = code.as_str().into();
+        match &self.kind {
+            Kind::Refuse(code) => json["code"] = code.as_str().into(),
+            Kind::ListLag(lag) => json["lag_ms"] = millis(lag).into(),
+            _ => {}
         }
         match self.when {
             When::Rate(rate) => json["rate"] = rate.into(),
@@ -290,6 +323,7 @@ struct Armed {
 pub struct Faults {
     charges: Mutex<Option<Armed>>,
     refunds: Mutex<Option<Armed>>,
+    list: Mutex<Option<Armed>>,
 }
 
 impl Faults {
@@ -305,13 +339,14 @@ impl Faults {
         match endpoint {
             Endpoint::Charges => &self.charges,
             Endpoint::Refunds => &self.refunds,
+            Endpoint::List => &self.list,
         }
         .lock()
         .expect("never poisoned")
     }
 
-    /// Arms `fault` on its endpoint in place of any other there; the other endpoint's
-    /// stays as it is.
+    /// Arms `fault` on its endpoint in place of any other there; the other endpoints'
+    /// stay as they are.
     pub fn arm(&self, fault: Fault) {
         let endpoint = fault.endpoint;
         *self.slot(endpoint) = Some(Armed { fault, calls: 0 });
@@ -358,6 +393,7 @@ impl Faults {
             "faults": {
                 "charges": armed(Endpoint::Charges),
                 "refunds": armed(Endpoint::Refunds),
+                "list": armed(Endpoint::List),
             },
         })
     }
@@ -401,6 +437,7 @@ mod tests {
             r#"{"kind":"unavailable","rate":1.0}"#,
             r#"{"kind":"commit-late","delay_ms":1500,"rate":0.5}"#,
             r#"{"kind":"refuse","code":"insufficient_funds","next":3}"#,
+            r#"{"kind":"list-lag","lag_ms":2000,"rate":0.5}"#,
         ] {
             let fault = Fault::parse(text).unwrap();
             assert_eq!(Fault::from_json(fault.to_json()).unwrap(), fault, "{text}");
@@ -422,6 +459,15 @@ mod tests {
                 r#"{"kind":"refuse","code":"charge_already_refunded"}"#,
                 "charge_already_refunded",
             ),
+            (r#"{"kind":"list-lag"}"#, "lag_ms"),
+            (r#"{"kind":"list-lag","delay_ms":5}"#, "delay_ms"),
+            (r#"{"kind":"slow","delay_ms":5,"lag_ms":5}"#, "lag_ms"),
+            (
+                r#"{"kind":"list-lag","lag_ms":5,"endpoint":"charges"}"#,
+                "endpoint",
+            ),
+            (r#"{"kind":"unavailable","endpoint":"list"}"#, "endpoint"),
+            (r#"{"kind":"refuse","endpoint":"list"}"#, "endpoint"),
             (r#"{"kind":"unavailable","rate":0.5,"next":1}"#, "not both"),
             (r#"{"kind":"unavailable","rate":1.5}"#, "rate"),
             (r#"{"kind":"unavailable","next":0}"#, "next"),
@@ -486,6 +532,35 @@ mod tests {
             Some(Kind::Refuse("balance_insufficient".into()))
         );
         assert_eq!(faults.draw(Endpoint::Refunds), None);
+    }
+
+    #[test]
+    fn a_list_lag_fault_is_the_lists_alone_and_draws_like_the_others() {
+        let fault = Fault::parse(r#"{"kind":"list-lag","lag_ms":1500,"rate":0.5}"#).unwrap();
+        assert_eq!(fault.kind, Kind::ListLag(Duration::from_millis(1500)));
+        assert_eq!(fault.endpoint, Endpoint::List);
+        assert_eq!(
+            Fault::parse(r#"{"kind":"list-lag","lag_ms":1500,"rate":0.5,"endpoint":"list"}"#)
+                .unwrap(),
+            fault
+        );
+        assert_eq!(Endpoint::parse("list"), Ok(Endpoint::List));
+
+        let faults = Faults::new(Some(fault));
+        let drawn: Vec<bool> = (0..4)
+            .map(|_| faults.draw(Endpoint::List).is_some())
+            .collect();
+        assert_eq!(drawn, [false, true, false, true]);
+        assert_eq!(faults.draw(Endpoint::Charges), None);
+        assert_eq!(faults.draw(Endpoint::Refunds), None);
+        let shown = faults.to_json();
+        assert_eq!(
+            shown["faults"]["list"],
+            json!({"kind": "list-lag", "lag_ms": 1500, "rate": 0.5})
+        );
+        assert_eq!(shown["fault"], Value::Null);
+        faults.disarm(Endpoint::List);
+        assert_eq!(faults.to_json()["faults"]["list"], Value::Null);
     }
 
     #[test]

@@ -67,7 +67,9 @@ pub async fn draw_fault(
             );
             tokio::time::sleep(*delay).await;
         }
-        Some(Kind::LoseResponse | Kind::CommitLate(_) | Kind::Refuse(_)) | None => {}
+        // `list-lag` is armed on the list alone, which draws its own.
+        Some(Kind::LoseResponse | Kind::CommitLate(_) | Kind::Refuse(_) | Kind::ListLag(_))
+        | None => {}
     }
     Ok(fault)
 }

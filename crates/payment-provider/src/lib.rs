@@ -1,8 +1,9 @@
 //! payment-provider: a stand-in card processor for payment-service to call, in the shape
 //! of Stripe's API, with what public mocks leave out: it **honours `Idempotency-Key`**
 //! (the first answer per key is stored with the charge and replayed to every later call
-//! with the key), and it **fails on demand** (down, slow, or charging and then losing its
-//! answer), so the saga can be shown charging each order once whatever is lost.
+//! with the key), and it **fails on demand** (down, slow, charging and then losing its
+//! answer, committing late, refusing a refund, listing behind), so the saga can be shown
+//! charging each order once whatever is lost.
 //!
 //! - [`charges`]: `POST /v1/charges`, `GET /v1/charges?reference=…`, `GET
 //!   /v1/charges/{id}`, each charge shown with its refunds.
@@ -92,7 +93,8 @@ pub struct Config {
     /// of them. On charges, or on refunds with `"endpoint": "refunds"`: `unavailable`,
     /// `slow` (`delay_ms`, waits before the work), `lose-response` (cuts the connection
     /// after the commit), `commit-late` (`delay_ms`, holds the commit). On refunds only:
-    /// `refuse` (`code`, default `charge_disputed`; 400, stored with the key).
+    /// `refuse` (`code`, default `charge_disputed`; 400, stored with the key). On the
+    /// list (`GET /v1/charges`) only: `list-lag` (`lag_ms`, leaves out younger charges).
     #[arg(long, env = "PROVIDER_FAULT", value_parser = Fault::parse)]
     pub provider_fault: Option<Fault>,
 
@@ -217,8 +219,8 @@ impl Application {
     }
 }
 
-/// `PUT /admin/fault` arms a fault on its endpoint, `DELETE /admin/fault` disarms both
-/// (`?endpoint=refunds` one), `GET /admin/fault` shows them; `GET /admin/stats` counts
+/// `PUT /admin/fault` arms a fault on its endpoint, `DELETE /admin/fault` disarms every
+/// one (`?endpoint=refunds` one), `GET /admin/fault` shows them; `GET /admin/stats` counts
 /// what the provider did. On the API's own port: the provider is a stand-in that listens
 /// on loopback.
 fn admin(state: AppState) -> Router {

@@ -1,5 +1,6 @@
 //! What the provider did since it started, for a person (and a test) to read at
-//! `GET /admin/stats`; each count is also a Prometheus counter at `/metrics`.
+//! `GET /admin/stats`; each count of charges and refunds is also a Prometheus counter at
+//! `/metrics` (the list's are counted here alone).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,7 +11,7 @@ use crate::faults::Endpoint;
 /// One endpoint's counts.
 #[derive(Debug, Default)]
 pub struct Counters {
-    /// `POST`s received, whatever became of them.
+    /// Calls received (the `POST`s; the list's `GET`s), whatever became of them.
     pub calls: AtomicU64,
     /// New charges that succeeded, or new refunds.
     pub made: AtomicU64,
@@ -30,12 +31,16 @@ pub struct Counters {
     /// Refunds a `refuse` fault refused, the refusal stored with the key (its replays
     /// are counted as replays).
     pub refused: AtomicU64,
+    /// Lists a `list-lag` fault made lag.
+    pub lagged: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 pub struct Stats {
     pub charges: Counters,
     pub refunds: Counters,
+    /// `GET /v1/charges`: its `calls` and `lagged` alone.
+    pub list: Counters,
 }
 
 /// One thing [`Stats`] counts.
@@ -50,6 +55,7 @@ pub enum Counted {
     LostResponse,
     CommittedLate,
     Refused,
+    Lagged,
 }
 
 impl Stats {
@@ -57,54 +63,55 @@ impl Stats {
         use saga::metrics::{
             CHARGE_FAULTS, CHARGE_REQUESTS, CHARGES, REFUND_FAULTS, REFUND_REQUESTS, REFUNDS,
         };
-        let (counters, requests, made, faults) = match endpoint {
-            Endpoint::Charges => (&self.charges, CHARGE_REQUESTS, CHARGES, CHARGE_FAULTS),
-            Endpoint::Refunds => (&self.refunds, REFUND_REQUESTS, REFUNDS, REFUND_FAULTS),
+        let (counters, names) = match endpoint {
+            Endpoint::Charges => (
+                &self.charges,
+                Some((CHARGE_REQUESTS, CHARGES, CHARGE_FAULTS)),
+            ),
+            Endpoint::Refunds => (
+                &self.refunds,
+                Some((REFUND_REQUESTS, REFUNDS, REFUND_FAULTS)),
+            ),
+            // No metric of its own: its calls and lags are counted here alone.
+            Endpoint::List => (&self.list, None),
         };
-        // Replays are counted at /metrics by the reply itself (saga::idempotency).
-        let (counter, metric) = match what {
-            Counted::Call => (&counters.calls, Some(metrics::counter!(requests))),
-            Counted::Made => (
-                &counters.made,
-                Some(metrics::counter!(made, "result" => "succeeded")),
-            ),
-            Counted::Declined => (
-                &counters.declined,
-                Some(metrics::counter!(made, "result" => "declined")),
-            ),
-            Counted::Replayed => (&counters.replayed, None),
-            Counted::Unavailable => (
-                &counters.unavailable,
-                Some(metrics::counter!(faults, "kind" => "unavailable")),
-            ),
-            Counted::Slowed => (
-                &counters.slowed,
-                Some(metrics::counter!(faults, "kind" => "slow")),
-            ),
-            Counted::LostResponse => (
-                &counters.lost_responses,
-                Some(metrics::counter!(faults, "kind" => "lose_response")),
-            ),
-            Counted::CommittedLate => (
-                &counters.committed_late,
-                Some(metrics::counter!(faults, "kind" => "commit_late")),
-            ),
-            Counted::Refused => (
-                &counters.refused,
-                Some(metrics::counter!(faults, "kind" => "refuse")),
-            ),
+        let counter = match what {
+            Counted::Call => &counters.calls,
+            Counted::Made => &counters.made,
+            Counted::Declined => &counters.declined,
+            Counted::Replayed => &counters.replayed,
+            Counted::Unavailable => &counters.unavailable,
+            Counted::Slowed => &counters.slowed,
+            Counted::LostResponse => &counters.lost_responses,
+            Counted::CommittedLate => &counters.committed_late,
+            Counted::Refused => &counters.refused,
+            Counted::Lagged => &counters.lagged,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        if let Some(metric) = metric {
-            metric.increment(1);
-        }
+        let Some((requests, made, faults)) = names else {
+            return;
+        };
+        let metric = match what {
+            Counted::Call => metrics::counter!(requests),
+            Counted::Made => metrics::counter!(made, "result" => "succeeded"),
+            Counted::Declined => metrics::counter!(made, "result" => "declined"),
+            // Counted at /metrics by the reply itself (saga::idempotency).
+            Counted::Replayed => return,
+            Counted::Unavailable => metrics::counter!(faults, "kind" => "unavailable"),
+            Counted::Slowed => metrics::counter!(faults, "kind" => "slow"),
+            Counted::LostResponse => metrics::counter!(faults, "kind" => "lose_response"),
+            Counted::CommittedLate => metrics::counter!(faults, "kind" => "commit_late"),
+            Counted::Refused => metrics::counter!(faults, "kind" => "refuse"),
+            Counted::Lagged => metrics::counter!(faults, "kind" => "list_lag"),
+        };
+        metric.increment(1);
     }
 
-    /// The charges' counts at the top, where they were before refunds were counted, and
-    /// the refunds' under `refunds`.
+    /// The charges' counts at the top, where they were before refunds were counted, the
+    /// refunds' under `refunds`, and the list's under `list`.
     pub fn to_json(&self) -> Value {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let (charges, refunds) = (&self.charges, &self.refunds);
+        let (charges, refunds, list) = (&self.charges, &self.refunds, &self.list);
         serde_json::json!({
             "calls": read(&charges.calls),
             "charged": read(&charges.made),
@@ -123,6 +130,10 @@ impl Stats {
                 "lost_responses": read(&refunds.lost_responses),
                 "committed_late": read(&refunds.committed_late),
                 "refused": read(&refunds.refused),
+            },
+            "list": {
+                "calls": read(&list.calls),
+                "lagged": read(&list.lagged),
             },
         })
     }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -275,6 +275,79 @@ async fn a_late_commit_is_unseen_until_it_comes_and_then_is_the_one_charge() {
         (stats["committed_late"].as_u64(), stats["charged"].as_u64()),
         (Some(1), Some(1))
     );
+}
+
+/// A list that is not read-after-write: a charge just made is left out until it is older
+/// than the lag, and listed from then on; disarmed, the list is current again.
+#[tokio::test]
+async fn a_lagging_list_leaves_out_a_fresh_charge_until_it_is_older_than_the_lag() {
+    let provider = provider().await;
+    let lag = Duration::from_millis(2000);
+    provider
+        .admin
+        .arm(json!({"kind": "list-lag", "lag_ms": 2000}))
+        .await;
+    let faults: Value = provider
+        .http
+        .get(format!("{}/admin/fault", provider.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        faults["faults"],
+        json!({"charges": null, "refunds": null, "list": {"kind": "list-lag", "lag_ms": 2000, "rate": 1.0}})
+    );
+
+    let started = Instant::now();
+    let made = provider
+        .charge(Some("k-9"), &request("order-9", 900))
+        .await
+        .unwrap();
+    assert_eq!(made.status, StatusCode::CREATED);
+    let fresh = provider.admin.charges_for("order-9").await;
+    let listed_after = started.elapsed();
+    assert!(
+        listed_after < lag,
+        "the list came {listed_after:?} after the charge: not fresh"
+    );
+    assert!(
+        fresh.is_empty(),
+        "a charge younger than the lag is listed: {fresh:?}"
+    );
+
+    let listed = eventually(Duration::from_secs(30), "the charge listed", || async {
+        let listed = provider.admin.charges_for("order-9").await;
+        (!listed.is_empty()).then_some(listed)
+    })
+    .await;
+    assert!(
+        started.elapsed() >= lag,
+        "listed {:?} after it was made",
+        started.elapsed()
+    );
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["id"], made.body["id"]);
+    let stats = provider.admin.stats().await;
+    assert!(stats["list"]["lagged"].as_u64() >= Some(2), "{stats}");
+    assert_eq!(stats["list"]["lagged"], stats["list"]["calls"]);
+
+    let disarmed = provider
+        .http
+        .delete(format!("{}/admin/fault?endpoint=list", provider.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(disarmed.status(), StatusCode::OK);
+    let again = provider
+        .charge(Some("k-9b"), &request("order-9", 900))
+        .await
+        .unwrap();
+    let current = provider.admin.charges_for("order-9").await;
+    assert_eq!(current.len(), 2, "{current:?}");
+    assert_eq!(current[1]["id"], again.body["id"]);
 }
 
 #[tokio::test]

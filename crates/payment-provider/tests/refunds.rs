@@ -336,7 +336,7 @@ async fn a_fault_armed_on_one_endpoint_leaves_the_other_untouched() {
     let unavailable = json!({"kind": "unavailable", "rate": 1.0});
     assert_eq!(
         faults,
-        json!({"fault": unavailable, "faults": {"charges": unavailable, "refunds": unavailable}})
+        json!({"fault": unavailable, "faults": {"charges": unavailable, "refunds": unavailable, "list": null}})
     );
     let disarmed = provider
         .http
