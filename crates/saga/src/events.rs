@@ -9,6 +9,7 @@
 //! | `order.cancelled` (by the customer, or the deadline) | orders | `<order id>:cancel` | order-service |
 //! | `payment.refunded` | payments | `<order id>:refund` | payment-service |
 //! | `payment.voided` | payments | `<order.cancelled id>:voided` | payment-service |
+//! | `payment.refund_failed` | payments | `<order id>:refund_failed:<attempt>` | payment-service |
 //! | `order.refunded` | orders | `<order id>:refunded` | order-service |
 //! | `notification.sent` | notifications | `<order event id>:notification` | notification-service |
 //!
@@ -18,7 +19,10 @@
 //! order-service cancels an order once. payment-service answers every cancellation:
 //! `payment.refunded` when a charge stood (one refund per order, whatever asked for it:
 //! its id and its key at the provider are both `<order id>:refund`), `payment.voided`
-//! when nothing was charged and nothing will be. An order has *settled* when its outcome
+//! when nothing was charged and nothing will be, `payment.refund_failed` when a charge stood
+//! and no refund could be made (the provider refused it, or nothing here can ask for it):
+//! the order's money then waits for a person, visibly, and a refund made later on an
+//! operator's retry is `payment.refunded` as ever. An order has *settled* when its outcome
 //! is decided and its cancellation, if any, answered.
 
 use serde::{Deserialize, Serialize};
@@ -33,6 +37,7 @@ pub const NOTIFICATION_SENT: &str = "notification.sent";
 pub const PAYMENT_REFUNDED: &str = "payment.refunded";
 pub const PAYMENT_VOIDED: &str = "payment.voided";
 pub const ORDER_REFUNDED: &str = "order.refunded";
+pub const PAYMENT_REFUND_FAILED: &str = "payment.refund_failed";
 
 /// Every type on the `orders` topic: each of its consumers knows them all, and
 /// dead-letters any other, so a consumer learns a new type before anything emits it.
@@ -43,11 +48,12 @@ pub const ORDERS_TYPES: [&str; 4] = [
     ORDER_REFUNDED,
 ];
 /// Every type on the `payments` topic.
-pub const PAYMENTS_TYPES: [&str; 4] = [
+pub const PAYMENTS_TYPES: [&str; 5] = [
     PAYMENT_SUCCEEDED,
     PAYMENT_FAILED,
     PAYMENT_REFUNDED,
     PAYMENT_VOIDED,
+    PAYMENT_REFUND_FAILED,
 ];
 
 /// Why order-service cancelled an order that its payment did not: the customer asked
@@ -90,6 +96,12 @@ pub fn refund_id(order_id: Uuid) -> String {
 /// The id of the `payment.voided` answering the cancellation `cancellation_event_id`.
 pub fn voided_id(cancellation_event_id: &str) -> String {
     format!("{cancellation_event_id}:voided")
+}
+
+/// The id of the `payment.refund_failed` for an order's refund attempt `attempt` (the
+/// first is 1; an operator's retry makes the next): one per attempt, as each is a fact.
+pub fn refund_failed_id(order_id: Uuid, attempt: i32) -> String {
+    format!("{order_id}:refund_failed:{attempt}")
 }
 
 /// The id of the `order.refunded` order-service announces for an order.
@@ -167,6 +179,25 @@ pub struct PaymentVoided {
     pub order_id: Uuid,
     /// Why there was nothing to refund: `declined` (the charge failed) or `not_charged`.
     pub reason: String,
+}
+
+/// `payment.refund_failed`: the order's charge stands and could not be refunded. It stays
+/// so, visibly, until an operator's retry refunds it (`payment.refunded`) or a person
+/// settles it with the card holder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PaymentRefundFailed {
+    pub order_id: Uuid,
+    pub amount_cents: i64,
+    /// The provider's id of the charge standing; absent when none was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge_id: Option<String>,
+    /// The provider's refusal (`code: message`), or why no refund could be asked for.
+    pub reason: String,
+    /// `true` when no retry can help and a person must settle the charge: no charge id
+    /// was recorded, or the charge could not be resolved.
+    pub manual: bool,
+    /// Which attempt failed: 1 for the cancellation's own, then one more per retry.
+    pub attempt: i32,
 }
 
 /// `order.refunded`: order-service's record that a cancelled order's charge was paid

@@ -317,6 +317,17 @@ fn samples(event: &str) -> Option<(Value, Value)> {
             order_id,
             reason: "not_charged".into(),
         })),
+        PAYMENT_REFUND_FAILED => {
+            let failed = |charge_id: Option<&str>| PaymentRefundFailed {
+                order_id,
+                amount_cents: 2598,
+                charge_id: charge_id.map(str::to_owned),
+                reason: "charge_disputed".into(),
+                manual: charge_id.is_none(),
+                attempt: 1,
+            };
+            Some((value(&failed(Some("ch_1"))), value(&failed(None))))
+        }
         NOTIFICATION_SENT => both(value(&NotificationSent {
             order_id,
             customer_id: "cust-1".into(),
@@ -445,6 +456,7 @@ fn decode(envelope: &Envelope) -> Result<Uuid, EnvelopeError> {
         PAYMENT_SUCCEEDED | PAYMENT_FAILED => envelope.payload::<PaymentResult>()?.order_id,
         PAYMENT_REFUNDED => envelope.payload::<PaymentRefunded>()?.order_id,
         PAYMENT_VOIDED => envelope.payload::<PaymentVoided>()?.order_id,
+        PAYMENT_REFUND_FAILED => envelope.payload::<PaymentRefundFailed>()?.order_id,
         NOTIFICATION_SENT => envelope.payload::<NotificationSent>()?.order_id,
         other => panic!("no decoder known here for `{other}`"),
     })
