@@ -38,7 +38,7 @@ impl Handler for ApplyPaymentResult {
         // payment-service's answers to a cancellation: SettleCancellation's.
         matches!(
             event_type,
-            events::PAYMENT_REFUNDED | events::PAYMENT_VOIDED
+            events::PAYMENT_REFUNDED | events::PAYMENT_VOIDED | events::PAYMENT_REFUND_FAILED
         )
     }
 

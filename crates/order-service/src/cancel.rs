@@ -67,7 +67,7 @@ impl From<deadpool_postgres::PoolError> for CancelError {
 
 /// Locks the order a cancellation is for, and reads what its answer shows.
 pub const LOCK_ORDER: &str = "
-    SELECT customer_id, status, amount_cents, cancel_reason, refund_id,
+    SELECT customer_id, status, amount_cents, cancel_reason, refund_id, refund_failure,
            settled_at IS NOT NULL AS settled, created_at, updated_at
       FROM orders WHERE id = $1 FOR UPDATE";
 
@@ -112,7 +112,7 @@ pub async fn cancel_order(
             .get("updated_at");
         order.status = OrderStatus::Cancelled;
         order.cancel_reason = Some(reason.to_owned());
-        order.refund = RefundState::of(OrderStatus::Cancelled, None, false);
+        order.refund = RefundState::of(OrderStatus::Cancelled, None, false, false);
         let (customer, amount) = (&order.customer_id, order.amount_cents);
         enqueue(&tx, topics, order_id, customer, amount, reason).await?;
     }

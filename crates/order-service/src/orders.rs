@@ -64,6 +64,9 @@ pub struct Order {
     /// What became of the charge; only on a cancelled order.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refund: Option<RefundState>,
+    /// Why the refund failed; only while `refund` is `failed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refund_failure: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: OffsetDateTime,
@@ -83,15 +86,25 @@ pub enum RefundState {
     Refunded,
     /// Nothing was charged, and nothing will be.
     NotCharged,
+    /// The charge stands and could not be refunded: the provider refused the refund, or
+    /// no refund could be asked for. `refund_failure` says why; an operator's retry or a
+    /// person settles it.
+    Failed,
 }
 
 impl RefundState {
-    /// The state of an order with these columns.
-    pub fn of(status: OrderStatus, refund_id: Option<&str>, settled: bool) -> Option<Self> {
-        match (status, refund_id, settled) {
-            (OrderStatus::Cancelled, Some(_), _) => Some(RefundState::Refunded),
-            (OrderStatus::Cancelled, None, true) => Some(RefundState::NotCharged),
-            (OrderStatus::Cancelled, None, false) => Some(RefundState::Pending),
+    /// The state of an order with these columns (`failed`: its `refund_failure` is set).
+    pub fn of(
+        status: OrderStatus,
+        refund_id: Option<&str>,
+        failed: bool,
+        settled: bool,
+    ) -> Option<Self> {
+        match (status, refund_id, failed, settled) {
+            (OrderStatus::Cancelled, Some(_), _, _) => Some(RefundState::Refunded),
+            (OrderStatus::Cancelled, None, true, _) => Some(RefundState::Failed),
+            (OrderStatus::Cancelled, None, false, true) => Some(RefundState::NotCharged),
+            (OrderStatus::Cancelled, None, false, false) => Some(RefundState::Pending),
             _ => None,
         }
     }
@@ -281,6 +294,7 @@ async fn price(
         items,
         cancel_reason: None,
         refund: None,
+        refund_failure: None,
         created_at: placed_at,
         updated_at: placed_at,
     })
@@ -387,7 +401,7 @@ pub async fn find_order(
     let Some(row) = client
         .query_opt(
             "SELECT customer_id, status, amount_cents, cancel_reason, refund_id,
-                    settled_at IS NOT NULL AS settled, created_at, updated_at
+                    refund_failure, settled_at IS NOT NULL AS settled, created_at, updated_at
                FROM orders WHERE id = $1",
             &[&order_id],
         )
@@ -420,6 +434,13 @@ pub fn order_from_rows(
         })
         .collect();
     let status = OrderStatus::from_db(row.get("status"));
+    let failure: Option<String> = row.get("refund_failure");
+    let refund = RefundState::of(
+        status,
+        row.get("refund_id"),
+        failure.is_some(),
+        row.get("settled"),
+    );
     Order {
         id: order_id,
         customer_id: row.get("customer_id"),
@@ -427,7 +448,8 @@ pub fn order_from_rows(
         amount_cents: row.get("amount_cents"),
         items,
         cancel_reason: row.get("cancel_reason"),
-        refund: RefundState::of(status, row.get("refund_id"), row.get("settled")),
+        refund,
+        refund_failure: failure.filter(|_| refund == Some(RefundState::Failed)),
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
     }

@@ -9,13 +9,16 @@
 //! 3. `payment.voided`: the order has settled. `payment.refunded`: the refund is
 //!    recorded, the order has settled, and `order.refunded` goes out on `orders` with id
 //!    `<order id>:refunded`, for notification-service to tell the customer.
+//!    `payment.refund_failed`: the order has settled with its refund `failed` and the
+//!    reason, shown by `GET /v1/orders/{id}`; a refund recorded later (an operator's
+//!    retry) is `payment.refunded` as ever.
 //!
 //! order-service announces the refund on its own topic, rather than notification-service
 //! reading payments: the customer hears what order-service recorded, in the order it
 //! recorded it, and the saga keeps its six topics.
 
 use deadpool_postgres::Pool;
-use saga::events::{self, OrderRefunded, PaymentRefunded, PaymentVoided};
+use saga::events::{self, OrderRefunded, PaymentRefundFailed, PaymentRefunded, PaymentVoided};
 use saga::inbox;
 use saga::outbox::{self, NewEvent};
 use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, Transaction};
@@ -36,6 +39,7 @@ impl SettleCancellation {
 pub enum Answer {
     Refunded(PaymentRefunded),
     Voided(PaymentVoided),
+    RefundFailed(PaymentRefundFailed),
 }
 
 impl Answer {
@@ -43,6 +47,7 @@ impl Answer {
         match self {
             Answer::Refunded(refunded) => refunded.order_id,
             Answer::Voided(voided) => voided.order_id,
+            Answer::RefundFailed(failed) => failed.order_id,
         }
     }
 }
@@ -63,6 +68,7 @@ impl Handler for SettleCancellation {
         let answer = match event.event_type.as_str() {
             events::PAYMENT_REFUNDED => Answer::Refunded(event.payload()?),
             events::PAYMENT_VOIDED => Answer::Voided(event.payload()?),
+            events::PAYMENT_REFUND_FAILED => Answer::RefundFailed(event.payload()?),
             other if self.ignores(other) => return Ok(None),
             other => {
                 return Err(HandlerError::rejected(format!(
@@ -101,9 +107,12 @@ pub const LOCK_ORDER: &str = "
            refund_id IS NOT NULL AS refunded
       FROM orders WHERE id = $1 FOR UPDATE";
 
-/// The order has settled, with its refund if it had one.
+/// The order has settled, with its refund if it had one, or why its refund failed.
 pub const SETTLE: &str = "
-    UPDATE orders SET settled_at = now(), refund_id = coalesce($2, refund_id) WHERE id = $1";
+    UPDATE orders
+       SET settled_at = coalesce(settled_at, now()), refund_id = coalesce($2, refund_id),
+           refund_failure = coalesce($3, refund_failure)
+     WHERE id = $1";
 
 /// Applies payment-service's `answer` to its order in `tx`, which the consumer opened and
 /// commits when this returns `Ok`, whatever the outcome.
@@ -129,17 +138,20 @@ pub async fn settle_cancellation(
             "order {order_id} does not exist"
         )));
     };
-    let refund_id = match answer {
-        // A refund is news even for a settled order: a charge that landed after the
-        // cancellation was voided is refunded later.
+    let (refund_id, failure) = match answer {
+        // A refund is news even for a settled order: one whose refund failed is refunded
+        // on an operator's retry.
         Answer::Refunded(_) if order.get("refunded") => return Ok(Outcome::Guarded),
         Answer::Voided(_) if order.get("settled") => return Ok(Outcome::Guarded),
-        Answer::Refunded(refunded) => Some(refunded.refund_id.as_str()),
-        Answer::Voided(_) => None,
+        // Each failed attempt is news until a refund is recorded.
+        Answer::RefundFailed(_) if order.get("refunded") => return Ok(Outcome::Guarded),
+        Answer::Refunded(refunded) => (Some(refunded.refund_id.clone()), None),
+        Answer::Voided(_) => (None, None),
+        Answer::RefundFailed(failed) => (None, Some(failed.reason.clone())),
     };
     tx.pipeline(
         tx.prepare_cached(SETTLE).await?,
-        vec![Box::new(order_id), Box::new(refund_id.map(str::to_owned))],
+        vec![Box::new(order_id), Box::new(refund_id), Box::new(failure)],
     );
     if let Answer::Refunded(refunded) = answer {
         outbox::enqueue(

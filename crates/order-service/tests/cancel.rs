@@ -103,6 +103,26 @@ impl Fixture {
         )
     }
 
+    fn refund_failed(&self, order_id: Uuid, attempt: i32) -> Envelope {
+        event(
+            &format!("{order_id}:refund_failed:{attempt}"),
+            "payment.refund_failed",
+            order_id,
+            json!({ "order_id": order_id, "amount_cents": 2598, "charge_id": "ch_1",
+                    "reason": format!("charge_disputed ({attempt})"), "manual": false, "attempt": attempt }),
+        )
+    }
+
+    /// The order as `GET /v1/orders/{id}` shows it.
+    async fn shown(&self, order_id: Uuid) -> serde_json::Value {
+        let client = self.db.pool.get().await.unwrap();
+        let order = order_service::orders::find_order(&client, order_id)
+            .await
+            .unwrap()
+            .unwrap();
+        serde_json::to_value(order).unwrap()
+    }
+
     fn voided(&self, id: &str, order_id: Uuid) -> Envelope {
         event(
             id,
@@ -182,6 +202,47 @@ async fn nothing_to_refund_settles_a_cancelled_order_once_and_announces_nothing(
 
     assert!(f.row(order_id).await.2, "settled");
     assert!(f.events(order_id, "order.refunded").await.is_empty());
+}
+
+/// The provider refused the refund: the order settles (nothing of it is in flight) and
+/// shows its refund `failed` with the reason, each attempt's failure its own news; an
+/// operator's retry that refunds it later is applied as any refund, and announced.
+#[tokio::test]
+async fn a_refund_that_failed_settles_the_order_visibly_and_a_later_refund_still_applies() {
+    let f = fixture().await;
+    let order_id = f.confirmed_order().await;
+    f.cancel(order_id).await;
+
+    let first = f.refund_failed(order_id, 1);
+    assert_eq!(f.answers.apply(&first).await.unwrap(), Outcome::Applied);
+    assert_eq!(f.answers.apply(&first).await.unwrap(), Outcome::Duplicate);
+    assert!(
+        f.row(order_id).await.2,
+        "settled: nothing of it is in flight"
+    );
+    let shown = f.shown(order_id).await;
+    assert_eq!(
+        (&shown["refund"], &shown["refund_failure"]),
+        (&json!("failed"), &json!("charge_disputed (1)"))
+    );
+    let second = f.refund_failed(order_id, 2);
+    assert_eq!(f.answers.apply(&second).await.unwrap(), Outcome::Applied);
+    assert_eq!(
+        f.shown(order_id).await["refund_failure"],
+        "charge_disputed (2)"
+    );
+
+    let refunded = f.refunded(&format!("{order_id}:refund"), order_id);
+    assert_eq!(f.answers.apply(&refunded).await.unwrap(), Outcome::Applied);
+    let shown = f.shown(order_id).await;
+    assert_eq!(shown["refund"], "refunded");
+    assert_eq!(shown.get("refund_failure"), None, "{shown}");
+    assert_eq!(
+        f.events(order_id, "order.refunded").await,
+        [format!("{order_id}:refunded")]
+    );
+    let late = f.refund_failed(order_id, 3);
+    assert_eq!(f.answers.apply(&late).await.unwrap(), Outcome::Guarded);
 }
 
 /// The charge landed after the cancellation: guard 2 stops its result, and the order
