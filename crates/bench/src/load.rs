@@ -413,7 +413,7 @@ pub async fn charge_directly(
                 let request = ChargeRequest {
                     // The demo's order: two keyboards at 12.99.
                     amount_cents: 2598,
-                    currency: payment_service::charge_order::CURRENCY,
+                    currency: payment_service::payment::CURRENCY,
                     reference: reference.clone(),
                 };
                 let sent = Instant::now();

@@ -2,48 +2,37 @@
 //! whatever `orders` redelivers and whatever the provider's answers lose.
 //!
 //! The charge is a call to another system, which no rollback of ours can undo, so it
-//! happens *before* the transaction, holding no connection ([`Handler::prepare`]):
-//! 0. **Known already?** If the event id is in the inbox (a duplicate) or the order has a
-//!    payment, no call is made. Otherwise the provider is asked to charge, with the
-//!    idempotency key `<order id>:charge` ([`charge_key`]). Every redelivery, every retry
-//!    after a timeout or a lost answer, every instance that takes the partition over, asks
-//!    with that same key, so the provider charges once and answers every later call with
-//!    the first charge. This is what the key is for: the call *can* happen twice (a crash
-//!    after it, a commit that fails), and must be safe to repeat.
+//! happens *before* the transaction ([`Handler::prepare`]), and only after its intent is
+//! committed ([`crate::payment`]):
+//! 0. **Intent.** One autocommitted statement ([`INTENT_TO_CHARGE`]) reads guard 1 ahead
+//!    (is the event in the inbox?) and inserts the order's payment `charging`, with the
+//!    charge's key, unless the order has a payment. Only an intent this event wrote, now
+//!    or on an earlier delivery, is followed by a call: a duplicate, an order charged,
+//!    being charged for another `order.created`, or cancelled (its tombstone holds the
+//!    key), makes none. The call asks with the idempotency key `<order id>:charge`
+//!    ([`charge_key`]): every redelivery, every retry after a timeout or a lost answer,
+//!    every instance that takes the partition over, asks with that same key, so the
+//!    provider charges once and answers every later call with the first charge. A call
+//!    that gets no answer leaves the payment `unknown`, and is made again.
 //!
 //! Then, in one transaction:
 //! 1. **Dedupe.** The `order.created` id goes into `processed_events`; a redelivery stops
 //!    here.
-//! 2. **State.** The payment row is the aggregate, and this event creates it, so there is
-//!    no row to `SELECT … FOR UPDATE` yet: the insert itself is the lock. `INSERT … ON
-//!    CONFLICT (order_id) DO NOTHING` makes a concurrent transaction for the same order
-//!    wait on the primary key and then insert nothing; zero rows means the order was
-//!    already charged (by another `order.created` for it, with a different id): stop.
-//! 3. Record the provider's charge id with the payment, and enqueue `payment.succeeded` /
-//!    `payment.failed` (with the provider's decline reason) with id
-//!    `<order.created id>:payment`, so a redelivered `order.created` can only ever
-//!    produce the same result event.
+//! 2. **State.** The answer is recorded over the intent ([`payment::RECORD_CHARGE`]): the
+//!    update locks the payment, and updates nothing if the charge was decided meanwhile
+//!    (a cancellation that resolved it first): guarded.
+//! 3. With it, `payment.succeeded` / `payment.failed` (with the provider's decline
+//!    reason) is enqueued with id `<order.created id>:payment`, so a redelivered
+//!    `order.created` can only ever produce the same result event.
 
 use deadpool_postgres::Pool;
-use saga::events::{self, OrderCreated, PaymentResult};
+use saga::events::{self, OrderCreated};
 use saga::inbox;
-use saga::outbox::{self, NewEvent};
 use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, Transaction, failpoint};
 use uuid::Uuid;
 
-use crate::late_charge;
+use crate::payment::{self, CURRENCY, ChargeState, charge_key};
 use crate::provider::{Answer, ChargeRequest, Provider};
-
-/// The orders' prices are in US cents.
-pub const CURRENCY: &str = "usd";
-
-/// The idempotency key of an order's charge. Derived from the order, which is also the id
-/// of every `order.created` order-service writes (`<order.created id>:charge`): so the
-/// same key for every call about the order, and a hand-made `order.created` with another
-/// id for it, racing the first, gets the first charge back instead of a second one.
-pub fn charge_key(order_id: Uuid) -> String {
-    format!("{order_id}:charge")
-}
 
 pub struct ChargeOrder {
     topics: Topics,
@@ -59,13 +48,11 @@ impl ChargeOrder {
 /// What [`ChargeOrder::prepare`] learnt, for the transaction.
 #[derive(Debug)]
 pub enum Charge {
-    /// The provider's answer about this order.
+    /// The provider's answer about this order, under the key of this event's intent.
     Answered { order: OrderCreated, answer: Answer },
-    /// The order had a payment before this event arrived: nothing was asked.
+    /// The order had a payment, or another event's intent, before this event: nothing
+    /// was asked.
     AlreadyCharged,
-    /// The order was cancelled before this event arrived, and a charge for it stood at
-    /// the provider all the same: refunded now.
-    Late(late_charge::Refunded),
 }
 
 impl Handler for ChargeOrder {
@@ -102,35 +89,33 @@ impl Handler for ChargeOrder {
         event: &Envelope,
         order: OrderCreated,
     ) -> Result<Step<Charge>, HandlerError> {
-        match already_handled(pool, event, order.order_id).await? {
-            Some(Known::Event) => return Ok(Step::Done(Outcome::Duplicate)),
-            Some(Known::Order) => return Ok(Step::Apply(Charge::AlreadyCharged)),
-            Some(Known::Cancelled) => {
-                return Ok(Step::Apply(
-                    match late_charge::refund(&self.provider, order.order_id).await? {
-                        Some(refunded) => Charge::Late(refunded),
-                        None => Charge::AlreadyCharged,
-                    },
-                ));
-            }
-            None => {}
-        }
-        let key = if failpoint::fires(failpoint::FRESH_CHARGE_KEY) {
-            format!("{}:{}", charge_key(order.order_id), Uuid::new_v4())
-        } else {
-            charge_key(order.order_id)
+        let client = pool.get().await?;
+        let key = match intend(&client, event, &order).await? {
+            Intent::Duplicate => return Ok(Step::Done(Outcome::Duplicate)),
+            Intent::NotOurs => return Ok(Step::Apply(Charge::AlreadyCharged)),
+            Intent::Ours { key } => key,
         };
-        let answer = self
-            .provider
-            .charge(
-                &key,
-                &ChargeRequest {
-                    amount_cents: order.amount_cents,
-                    currency: CURRENCY,
-                    reference: order.order_id.to_string(),
-                },
-            )
-            .await?;
+        // Asked outside any transaction, holding no connection while it waits.
+        drop(client);
+        let key = if failpoint::fires(failpoint::FRESH_CHARGE_KEY) {
+            format!("{key}:{}", Uuid::new_v4())
+        } else {
+            key
+        };
+        let request = ChargeRequest {
+            amount_cents: order.amount_cents,
+            currency: CURRENCY,
+            reference: order.order_id.to_string(),
+        };
+        let answer = match self.provider.charge(&key, &request).await {
+            Ok(answer) => answer,
+            Err(error @ HandlerError::Unavailable(_)) => {
+                let client = pool.get().await?;
+                let mark = payment::MARK_CHARGE_UNKNOWN;
+                return Err(payment::unanswered(&client, order.order_id, mark, error).await);
+            }
+            Err(error) => return Err(error),
+        };
         tracing::info!(order_id = %order.order_id, idempotency_key = key, ?answer, "provider answered");
         Ok(Step::Apply(Charge::Answered { order, answer }))
     }
@@ -144,58 +129,68 @@ impl Handler for ChargeOrder {
         let answered = match &charge {
             Charge::Answered { order, answer } => Some((order, answer)),
             Charge::AlreadyCharged => None,
-            Charge::Late(refunded) => {
-                return late_charge::record(tx, &self.topics, event, refunded).await;
-            }
         };
         charge_order(tx, &self.topics, event, answered).await
     }
 }
 
-/// What the inbox or the payments already know of an event.
-enum Known {
-    /// Its id was applied.
-    Event,
-    /// Its order has a payment.
-    Order,
-    /// Its order was cancelled before it was charged: its payment is a tombstone.
-    Cancelled,
+/// What [`INTENT_TO_CHARGE`] found.
+enum Intent {
+    /// Guard 1, read ahead: the event was applied.
+    Duplicate,
+    /// The order's payment is this event's intent, new or from an earlier delivery whose
+    /// charge is undecided: the charge is asked for, under `key`.
+    Ours { key: String },
+    /// The order has a payment that is not this event's undecided intent: no call.
+    NotOurs,
 }
 
-/// Guards 1 and 2 read ahead: is the event in the inbox, has the order a payment? The
-/// benchmark's `charge` script runs it before its transaction, as [`already_handled`]
-/// does before the call.
-pub const READ_AHEAD: &str = "
-    SELECT EXISTS (SELECT 1 FROM processed_events WHERE event_id = $1),
-           (SELECT status = 'voided' AND refund_id IS NULL FROM payments WHERE order_id = $2)";
+/// Guard 1 read ahead, and the charge's intent: the order's payment inserted `charging`
+/// with its key, unless the event is in the inbox or the order has a payment; then the
+/// payment that stood. One autocommitted statement, so the intent is committed before
+/// the call it names. The final `SELECT` sees the payment as it stood before the insert
+/// (one snapshot): `intended` says the insert made it.
+pub const INTENT_TO_CHARGE: &str = "
+    WITH seen AS (
+        SELECT EXISTS (SELECT 1 FROM processed_events WHERE event_id = $1) AS seen
+    ), intent AS (
+        INSERT INTO payments (order_id, event_id, status, amount_cents, charge_key)
+        SELECT $2, $1, 'charging', $3, $4 FROM seen WHERE NOT seen.seen
+        ON CONFLICT (order_id) DO NOTHING
+        RETURNING 1
+    )
+    SELECT seen.seen, EXISTS (SELECT 1 FROM intent) AS intended,
+           p.event_id, p.status, p.charge_key
+      FROM seen LEFT JOIN payments p ON p.order_id = $2";
 
-/// Guards 1 and 2 read ahead, outside any transaction, so that a known duplicate makes no
-/// call. Only a shortcut: the transaction checks both again, with locks.
-async fn already_handled(
-    pool: &Pool,
+async fn intend(
+    client: &deadpool_postgres::Client,
     event: &Envelope,
-    order_id: Uuid,
-) -> Result<Option<Known>, HandlerError> {
-    let client = pool.get().await?;
+    order: &OrderCreated,
+) -> Result<Intent, HandlerError> {
+    let key = charge_key(order.order_id);
     let row = client
         .query_one(
-            &client.prepare_cached(READ_AHEAD).await?,
-            &[&event.id, &order_id],
+            &client.prepare_cached(INTENT_TO_CHARGE).await?,
+            &[&event.id, &order.order_id, &order.amount_cents, &key],
         )
         .await?;
-    Ok(match (row.get(0), row.get(1)) {
-        (true, _) => Some(Known::Event),
-        (false, Some(true)) => Some(Known::Cancelled),
-        (false, Some(false)) => Some(Known::Order),
-        (false, None) => None,
+    if row.get("seen") {
+        return Ok(Intent::Duplicate);
+    }
+    if row.get("intended") {
+        return Ok(Intent::Ours { key });
+    }
+    let ours = row.get::<_, Option<&str>>("event_id") == Some(event.id.as_str());
+    let status = row.get::<_, Option<&str>>("status").map(ChargeState::parse);
+    Ok(match status {
+        Some(state) if ours && state.undecided() => Intent::Ours {
+            key: row.get::<_, Option<String>>("charge_key").unwrap_or(key),
+        },
+        // Inserted and decided between the two reads: nothing to ask for.
+        None | Some(_) => Intent::NotOurs,
     })
 }
-
-/// Guard 2, and the state change: the payment row is the lock.
-pub const INSERT_PAYMENT: &str = "
-    INSERT INTO payments (order_id, event_id, status, amount_cents, reason, charge_id)
-    VALUES ($1, $2, $3, $4, $5, $6)
-    ON CONFLICT (order_id) DO NOTHING";
 
 /// Records the provider's `answer` about `order` (`None`: the order was found charged
 /// before any call) in `tx`, which the consumer opened and commits when this returns
@@ -216,63 +211,21 @@ pub async fn charge_order(
     if !inbox::claim(tx, event).await? {
         return Ok(Outcome::Duplicate);
     }
-    // A payment row is never deleted: an order found charged stays charged.
+    // Nothing was asked: the order's payment was someone else's, or decided, already.
     let Some((order, answer)) = answered else {
         return Ok(Outcome::Guarded);
     };
-    let (status, charge_id, reason) = match answer {
-        Answer::Charged { charge_id, .. } => ("succeeded", Some(charge_id), None),
-        Answer::Declined {
-            charge_id, reason, ..
-        } => ("failed", charge_id.as_ref(), Some(reason)),
-    };
-
-    // Guard 2: has this order been charged already?
-    let inserted = tx
-        .execute(
-            &tx.prepare_cached(INSERT_PAYMENT).await?,
-            &[
-                &order.order_id,
-                &event.id,
-                &status,
-                &order.amount_cents,
-                &reason,
-                &charge_id,
-            ],
-        )
-        .await?;
-    if inserted == 0 {
-        if status == "succeeded" && late_charge::met_tombstone(tx, order.order_id).await? {
-            return Err(HandlerError::Stale(format!(
-                "order {} was cancelled while its charge {} was made: prepared again, to refund it",
-                order.order_id,
-                charge_id.map_or("", String::as_str)
-            )));
-        }
+    // Guard 2 and the state change: the answer over the intent, unless decided meanwhile.
+    if !payment::record_charge(
+        tx,
+        topics,
+        &event.id,
+        (order.order_id, order.amount_cents),
+        answer,
+    )
+    .await?
+    {
         return Ok(Outcome::Guarded);
     }
-
-    let result_id = events::payment_result_id(&event.id);
-    let order_key = order.order_id.to_string();
-    outbox::enqueue(
-        tx,
-        &NewEvent {
-            event_id: &result_id,
-            topic: &topics.payments,
-            key: &order_key,
-            event_type: if reason.is_some() {
-                events::PAYMENT_FAILED
-            } else {
-                events::PAYMENT_SUCCEEDED
-            },
-            payload: &PaymentResult {
-                order_id: order.order_id,
-                amount_cents: order.amount_cents,
-                reason: reason.cloned(),
-            },
-            caused_by: Some(&event.id),
-        },
-    )
-    .await?;
     Ok(Outcome::Applied)
 }

@@ -1,22 +1,29 @@
 //! payment-service: charges each new order once and announces the result; refunds a
 //! cancelled order's charge once, and answers every cancellation.
 //!
-//! - [`charge_order`]: consumes `order.created` from `orders`, asks the card provider to
-//!   charge it (outside any transaction, with a key that makes the call safe to repeat),
-//!   then records the payment and enqueues `payment.succeeded` / `payment.failed`, in one
-//!   transaction.
-//! - [`refund_order`]: consumes `order.cancelled` from `orders`, refunds the charge that
-//!   stands for it (the same way: outside, with a key), then records the refund, or a
-//!   tombstone where nothing was charged, and enqueues `payment.refunded` /
+//! - [`payment`]: the order's payment, the intent committed before every call to the
+//!   provider and the ending recorded after it; what an unanswered call leaves.
+//! - [`charge_order`]: consumes `order.created` from `orders`, commits the charge's
+//!   intent, asks the card provider to charge it (outside any transaction, with a key
+//!   that makes the call safe to repeat), then records the payment and enqueues
+//!   `payment.succeeded` / `payment.failed`, in one transaction.
+//! - [`refund_order`]: consumes `order.cancelled` from `orders`, resolves an undecided
+//!   charge first, refunds the charge that stands (the same way: intent, then the call
+//!   with a key), then records the refund, its failure, or a tombstone where nothing was
+//!   charged, and enqueues `payment.refunded` / `payment.refund_failed` /
 //!   `payment.voided`, in one transaction.
-//! - [`late_charge`]: a charge that lands after its order's cancellation is refunded.
+//! - [`refund`]: a refund's intent, call and recording, shared by the cancellation and
+//!   [`retry_refund`], an operator's retry of a refused refund (`POST
+//!   /admin/refunds/{order_id}/retry`).
 //! - [`provider`]: the HTTP client of the provider (payment-provider, or any service
 //!   with its API), and what each of its answers means.
 
 pub mod charge_order;
-pub mod late_charge;
+pub mod payment;
 pub mod provider;
+pub mod refund;
 pub mod refund_order;
+pub mod retry_refund;
 
 use std::net::SocketAddr;
 
@@ -89,6 +96,11 @@ impl Application {
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
+        let retry = retry_refund::router(
+            self.service.pool.clone(),
+            topics.clone(),
+            self.provider.clone(),
+        );
         let handler = Pair(
             ChargeOrder::new(topics.clone(), self.provider.clone()),
             RefundOrder::new(topics.clone(), self.provider),
@@ -97,8 +109,6 @@ impl Application {
             topic: topics.orders.clone(),
             handler,
         };
-        self.service
-            .run(axum::Router::new(), subscription, shutdown)
-            .await
+        self.service.run(retry, subscription, shutdown).await
     }
 }

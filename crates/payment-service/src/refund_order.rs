@@ -1,36 +1,46 @@
-//! RefundOrder: every cancellation of an order is answered, once, and a charge that stood
-//! for it is refunded, once.
+//! RefundOrder: every cancellation of an order is answered, once; a charge that stood for
+//! it is refunded, once, or its refund's failure is recorded where everyone sees it.
 //!
 //! After the charge the saga can only move forward: no rollback of ours undoes a charge
 //! at the provider. The compensation is a new transaction there, a refund, with the
-//! idempotency key `<order id>:refund` ([`refund_key`]): every redelivery, every retry
-//! after a lost answer, asks with that same key, so the provider refunds once and replays
-//! the first refund to every later call.
+//! idempotency key `<order id>:refund` ([`payment::refund_key`]): every redelivery, every
+//! retry after a lost answer, asks with that same key, so the provider refunds once and
+//! replays the first refund to every later call.
 //!
-//! Like the charge, the refund happens *before* the transaction ([`Handler::prepare`]):
-//! 0. **What stands?** If the event id is in the inbox, nothing is asked. With a charge
-//!    recorded here and not refunded, it is refunded. With no payment here at all, the
-//!    provider is asked for the order's charges: a charge can stand whose `order.created`
-//!    was dead-lettered after the provider made it, and it is refunded too.
+//! Like the charge, the refund happens *before* the transaction ([`Handler::prepare`]),
+//! after its intent ([`crate::refund`]), and only once the charge is *definite*:
+//! 0. **What stands?** If the event id is in the inbox, nothing is asked. With no payment
+//!    here, no charge was ever asked for (every charge's intent is its payment:
+//!    [`crate::payment`]): nothing to refund. With a charge asked for and not answered
+//!    (`charging`, `unknown`), the charge is **resolved first**, by asking for it again
+//!    under its own key: the provider answers with the charge it made, or a decline, or
+//!    makes it now (then it is refunded like any other); never by listing the order's
+//!    charges, which cannot show one still committing. With a charge standing, it is
+//!    refunded; with no charge id recorded, no refund can be asked for: `manual`.
 //!
 //! Then, in one transaction:
 //! 1. **Dedupe.** The cancellation's id goes into `processed_events`; a redelivery stops
 //!    here.
 //! 2. **State, decided again under the lock.** `SELECT … FOR UPDATE` on the order's
 //!    payment. The prepare ran outside any transaction, while the charge before this
-//!    event in the partition may still have been committing: so what it saw is checked
-//!    again here. A charge standing that it did not refund means it is out of date: the
-//!    transaction commits nothing and the event is prepared again ([`HandlerError::Stale`]).
+//!    event in the partition may still have been committing: what it saw is checked
+//!    again here, and if it is out of date the transaction commits nothing and the event
+//!    is prepared again ([`HandlerError::Stale`]).
 //! 3. Record the answer and enqueue it:
-//!    - a refund: the payment gets its refund, and `payment.refunded` goes out with id
-//!      `<order id>:refund`, one per order whatever asked for it;
-//!    - nothing charged and no payment: a **tombstone**, a `voided` payment. The payment's
-//!      primary key then stops a charge for the order that comes later (its
-//!      `order.created` redriven after the cancellation), as it stops a second charge;
+//!    - a charge resolved by this cancellation: its answer over its intent, with its
+//!      `payment.succeeded` / `payment.failed`, as ChargeOrder would have;
+//!    - a refund: `payment.refunded` with id `<order id>:refund`, one per order;
+//!    - a refund refused (`failed`), or impossible (`manual`): `payment.refund_failed`
+//!      with the reason, and the order waits, visibly, for an operator's retry
+//!      ([`crate::retry_refund`]) or a person;
+//!    - no payment at all: a **tombstone**, a `voided` payment, whose primary key stops
+//!      a charge's intent for the order that comes later (its `order.created` redriven
+//!      after the cancellation), as it stops a second charge;
 //!    - a declined payment, or the tombstone: `payment.voided` with id
 //!      `<cancellation id>:voided`.
 //!
-//! An already answered order (refunded, or voided) answers nothing again: guarded.
+//! An already answered order (refunded, voided, or its refund failed) answers nothing
+//! again: guarded.
 //!
 //! Only order-service's own cancellations move money
 //! ([`events::is_order_services_cancellation`]). The order's state is order-service's: an
@@ -39,19 +49,15 @@
 //! was paid back, a difference no later event could repair. It is ignored.
 
 use deadpool_postgres::Pool;
-use saga::events::{self, OrderOutcome, PaymentRefunded, PaymentVoided};
+use saga::events::{self, OrderOutcome, PaymentRefundFailed, PaymentVoided};
 use saga::inbox;
 use saga::outbox::{self, NewEvent};
 use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, Transaction, failpoint};
 use uuid::Uuid;
 
-use crate::provider::{Provider, Refund, RefundRequest};
-
-/// The idempotency key of an order's refund at the provider, and the id of its
-/// `payment.refunded`: one per order.
-pub fn refund_key(order_id: Uuid) -> String {
-    events::refund_id(order_id)
-}
+use crate::payment::{self, CURRENCY, ChargeState, Payment};
+use crate::provider::{Answer, ChargeRequest, Provider};
+use crate::refund::{self, Ending, Standing};
 
 pub struct RefundOrder {
     topics: Topics,
@@ -66,16 +72,40 @@ impl RefundOrder {
 
 /// What [`RefundOrder::prepare`] found standing, and did.
 #[derive(Debug)]
-pub enum Found {
+pub struct Found {
+    pub order: OrderOutcome,
+    /// The charge's answer, if this cancellation resolved an undecided charge.
+    pub resolved: Option<Resolved>,
+    pub money: Money,
+}
+
+/// How an undecided charge was resolved.
+#[derive(Debug)]
+pub enum Resolved {
+    /// Asked again under its key, and answered.
+    Replayed(Answer),
+    /// Nothing listed for the order ([`failpoint::LIST_DECIDES`] only): read as nothing
+    /// charged, which is what loses a refund.
+    NothingListed,
+    /// The provider refused the request itself (its key used for another amount, say):
+    /// the charge stays undecided, for a person, with the provider's answer.
+    Undecidable(String),
+}
+
+/// What became of the order's money.
+#[derive(Debug)]
+pub enum Money {
     /// A charge stood, and is refunded now.
     Refunded {
-        order: OrderOutcome,
-        charge_id: String,
-        amount_cents: i64,
-        refund: Refund,
+        charge: Standing,
+        refund: crate::provider::Refund,
     },
+    /// A charge stood, and could not be refunded.
+    NotRefunded(PaymentRefundFailed),
     /// No charge stood for the order.
-    NothingCharged { order: OrderOutcome },
+    NothingCharged,
+    /// The cancellation of this order was answered before.
+    AnsweredBefore,
 }
 
 impl Handler for RefundOrder {
@@ -116,26 +146,74 @@ impl Handler for RefundOrder {
         event: &Envelope,
         order: OrderOutcome,
     ) -> Result<Step<Found>, HandlerError> {
-        let standing = match read_ahead(pool, event, order.order_id).await? {
+        let client = pool.get().await?;
+        let payment = match read_ahead(&client, event, order.order_id).await? {
             Ahead::Duplicate => return Ok(Step::Done(Outcome::Duplicate)),
             Ahead::Payment(payment) => payment,
-            Ahead::NoPayment => standing_at_provider(&self.provider, order.order_id).await?,
         };
-        let Some(Standing {
-            charge_id,
-            amount_cents,
-        }) = standing
-        else {
-            return Ok(Step::Apply(Found::NothingCharged { order }));
+        let found = |resolved, money| {
+            Ok(Step::Apply(Found {
+                order: order.clone(),
+                resolved,
+                money,
+            }))
         };
-        let refund =
-            refund_charge(&self.provider, order.order_id, &charge_id, amount_cents).await?;
-        Ok(Step::Apply(Found::Refunded {
-            order,
+        // No intent, no charge: every charge is asked for after its payment is committed.
+        let Some(payment) = payment else {
+            return found(None, Money::NothingCharged);
+        };
+        if payment.answered {
+            return found(None, Money::AnsweredBefore);
+        }
+        let (resolved, charged) = match payment.state {
+            ChargeState::Charging | ChargeState::Unknown => {
+                let resolved = self.resolve(&client, &payment).await?;
+                let charged = match &resolved {
+                    Resolved::Replayed(Answer::Charged { charge_id, .. }) => {
+                        Some(charge_id.clone())
+                    }
+                    Resolved::Replayed(Answer::Declined { .. }) | Resolved::NothingListed => None,
+                    Resolved::Undecidable(reason) => {
+                        let reason = format!(
+                            "the charge asked for under {} could not be resolved: {reason}",
+                            payment.charge_key()
+                        );
+                        let failed = not_refunded(&payment, None, reason, true);
+                        return found(Some(resolved), Money::NotRefunded(failed));
+                    }
+                };
+                (Some(resolved), charged)
+            }
+            ChargeState::Succeeded => match &payment.charge_id {
+                Some(charge_id) => (None, Some(charge_id.clone())),
+                None => {
+                    let reason = "the payment succeeded with no charge id recorded, so no refund can be asked for: refund it by hand".to_owned();
+                    return found(
+                        None,
+                        Money::NotRefunded(not_refunded(&payment, None, reason, true)),
+                    );
+                }
+            },
+            ChargeState::Failed => (None, None),
+            // A tombstone is answered when written.
+            ChargeState::Voided => return found(None, Money::AnsweredBefore),
+        };
+        let Some(charge_id) = charged else {
+            return found(resolved, Money::NothingCharged);
+        };
+        let charge = Standing {
             charge_id,
-            amount_cents,
-            refund,
-        }))
+            amount_cents: payment.amount_cents,
+        };
+        let money = match refund::ask(&client, &self.provider, order.order_id, &charge).await? {
+            (_, Ending::Refunded(refund)) => Money::Refunded { charge, refund },
+            (attempt, Ending::Refused { reason }) => {
+                let mut failed = not_refunded(&payment, Some(&charge.charge_id), reason, false);
+                failed.attempt = attempt;
+                Money::NotRefunded(failed)
+            }
+        };
+        found(resolved, money)
     }
 
     async fn apply(
@@ -148,54 +226,93 @@ impl Handler for RefundOrder {
     }
 }
 
-/// A charge standing for an order, not refunded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Standing {
-    pub charge_id: String,
-    pub amount_cents: i64,
+impl RefundOrder {
+    /// The definite answer to `payment`'s undecided charge: the same request under the
+    /// same key, which the provider answers from the key's stored answer, or by making
+    /// the charge now, or with `409` while the first call still runs (retried).
+    async fn resolve(
+        &self,
+        client: &deadpool_postgres::Client,
+        payment: &Payment,
+    ) -> Result<Resolved, HandlerError> {
+        if failpoint::fires(failpoint::LIST_DECIDES) {
+            return Ok(
+                match standing_at_provider(&self.provider, payment.order_id).await? {
+                    Some(charge) => Resolved::Replayed(Answer::Charged {
+                        charge_id: charge.charge_id,
+                        replayed: true,
+                    }),
+                    None => Resolved::NothingListed,
+                },
+            );
+        }
+        let request = ChargeRequest {
+            amount_cents: payment.amount_cents,
+            currency: CURRENCY,
+            reference: payment.order_id.to_string(),
+        };
+        let key = payment.charge_key();
+        match self.provider.charge(&key, &request).await {
+            Ok(answer) => {
+                tracing::info!(order_id = %payment.order_id, idempotency_key = key, ?answer,
+                    "an undecided charge resolved for its cancellation");
+                Ok(Resolved::Replayed(answer))
+            }
+            Err(error @ HandlerError::Unavailable(_)) => {
+                let mark = payment::MARK_CHARGE_UNKNOWN;
+                Err(payment::unanswered(client, payment.order_id, mark, error).await)
+            }
+            Err(HandlerError::Rejected(reason)) => Ok(Resolved::Undecidable(reason)),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+/// The failure of `payment`'s refund, first attempt.
+fn not_refunded(
+    payment: &Payment,
+    charge_id: Option<&str>,
+    reason: String,
+    manual: bool,
+) -> PaymentRefundFailed {
+    PaymentRefundFailed {
+        order_id: payment.order_id,
+        amount_cents: payment.amount_cents,
+        charge_id: charge_id.map(str::to_owned),
+        reason,
+        manual,
+        attempt: payment.refund_attempt.max(1),
+    }
 }
 
 enum Ahead {
     Duplicate,
-    /// The order's payment here: the charge standing, if any.
-    Payment(Option<Standing>),
-    NoPayment,
+    /// The order's payment here, if any.
+    Payment(Option<Payment>),
 }
 
-/// Guard 1 and the payment, read ahead outside any transaction: a shortcut, which the
-/// transaction checks again with the payment locked.
-pub const READ_AHEAD: &str = "
-    SELECT EXISTS (SELECT 1 FROM processed_events WHERE event_id = $1) AS seen,
-           p.status, p.charge_id, p.refund_id, p.amount_cents
-      FROM (SELECT 1) one LEFT JOIN payments p ON p.order_id = $2";
+/// Guard 1, read ahead outside any transaction: a shortcut, which the transaction checks
+/// again with the payment locked.
+pub const READ_AHEAD: &str = "SELECT EXISTS (SELECT 1 FROM processed_events WHERE event_id = $1)";
 
-async fn read_ahead(pool: &Pool, event: &Envelope, order_id: Uuid) -> Result<Ahead, HandlerError> {
-    let client = pool.get().await?;
-    let row = client
-        .query_one(
-            &client.prepare_cached(READ_AHEAD).await?,
-            &[&event.id, &order_id],
-        )
-        .await?;
-    if row.get("seen") {
+async fn read_ahead(
+    client: &deadpool_postgres::Client,
+    event: &Envelope,
+    order_id: Uuid,
+) -> Result<Ahead, HandlerError> {
+    let seen: bool = client
+        .query_one(&client.prepare_cached(READ_AHEAD).await?, &[&event.id])
+        .await?
+        .get(0);
+    if seen {
         return Ok(Ahead::Duplicate);
     }
-    let Some(status) = row.get::<_, Option<&str>>("status") else {
-        return Ok(Ahead::NoPayment);
-    };
-    let refunded = row.get::<_, Option<&str>>("refund_id").is_some();
-    let charge_id: Option<String> = row.get("charge_id");
-    Ok(Ahead::Payment(match (status, charge_id, refunded) {
-        ("succeeded", Some(charge_id), false) => Some(Standing {
-            charge_id,
-            amount_cents: row.get("amount_cents"),
-        }),
-        _ => None,
-    }))
+    Ok(Ahead::Payment(Payment::find(client, order_id).await?))
 }
 
-/// The order's charge at the provider that succeeded, if any. A charge refunded there
-/// already counts as standing: its refund is then found again under the order's key.
+/// The order's charge at the provider that succeeded, if any, as its list shows it: only
+/// for [`failpoint::LIST_DECIDES`], which restores the decision this list cannot make
+/// (it does not show a charge still committing).
 pub async fn standing_at_provider(
     provider: &Provider,
     order_id: Uuid,
@@ -210,52 +327,20 @@ pub async fn standing_at_provider(
         }))
 }
 
-/// Refunds `charge_id`, the order's charge, in full, under the order's refund key.
-pub async fn refund_charge(
-    provider: &Provider,
-    order_id: Uuid,
-    charge_id: &str,
-    amount_cents: i64,
-) -> Result<Refund, HandlerError> {
-    let key = if failpoint::fires(failpoint::FRESH_REFUND_KEY) {
-        format!("{}:{}", refund_key(order_id), Uuid::new_v4())
-    } else {
-        refund_key(order_id)
-    };
-    let refund = provider
-        .refund(
-            &key,
-            &RefundRequest {
-                charge_id: charge_id.to_owned(),
-                amount_cents,
-            },
-        )
-        .await?;
-    tracing::info!(%order_id, charge_id, idempotency_key = key, ?refund, "provider refunded");
-    Ok(refund)
-}
-
-/// Guard 2: the order's payment, locked, as the transaction decides on it, and whether
-/// a cancellation of it was answered already.
-pub const LOCK_PAYMENT: &str = "
-    SELECT status, charge_id, answered_at IS NOT NULL AS answered
-      FROM payments WHERE order_id = $1 FOR UPDATE";
-
-/// A refund recorded with the payment it pays back: the cancellation is answered.
-pub const RECORD_REFUND: &str = "
-    UPDATE payments SET refund_id = $2, refunded_at = now(), answered_at = now()
-     WHERE order_id = $1";
-
 /// A declined payment's cancellation answered: nothing to refund.
 pub const RECORD_ANSWERED: &str = "UPDATE payments SET answered_at = now() WHERE order_id = $1";
 
-/// The payment of an order cancelled before a charge was recorded here: the tombstone
-/// (`voided`), with the charge and its refund when the provider had one. The insert is
-/// the lock, as a charge's is: a charge committing meanwhile makes it insert nothing.
+/// A charge read as never made ([`failpoint::LIST_DECIDES`] only): its intent voided.
+pub const VOID_INTENT: &str = "
+    UPDATE payments SET status = 'voided', answered_at = now(), updated_at = now()
+     WHERE order_id = $1 AND status IN ('charging', 'unknown')";
+
+/// The payment of an order cancelled before any charge was asked for: the tombstone
+/// (`voided`). The insert is the lock, as a charge's intent is: an intent committing
+/// meanwhile makes it insert nothing.
 pub const INSERT_VOIDED: &str = "
-    INSERT INTO payments
-        (order_id, event_id, status, amount_cents, charge_id, refund_id, refunded_at, answered_at)
-    VALUES ($1, $2, 'voided', $3, $4, $5, CASE WHEN $5::text IS NULL THEN NULL ELSE now() END, now())
+    INSERT INTO payments (order_id, event_id, status, amount_cents, answered_at)
+    VALUES ($1, $2, 'voided', $3, now())
     ON CONFLICT (order_id) DO NOTHING";
 
 /// Answers the cancellation `event` with what `found` says, in `tx`, which the consumer
@@ -271,144 +356,129 @@ pub async fn refund_order(
     if !inbox::claim(tx, event).await? {
         return Ok(Outcome::Duplicate);
     }
-    let order = match &found {
-        Found::Refunded { order, .. } | Found::NothingCharged { order } => order,
+    let order = &found.order;
+    let stale = |what: &str| {
+        Err(HandlerError::Stale(format!(
+            "order {}: {what} while its cancellation was prepared",
+            order.order_id
+        )))
     };
     // Guard 2: what stands for the order now, locked.
-    let payment = tx
-        .query_opt(&tx.prepare_cached(LOCK_PAYMENT).await?, &[&order.order_id])
-        .await?;
-    let Some(payment) = payment else {
-        record_tombstone(tx, event, &found).await?;
-        enqueue_answer(tx, topics, event, &found, "not_charged").await?;
-        return Ok(Outcome::Applied);
+    let Some(payment) = Payment::lock(tx, order.order_id).await? else {
+        if !matches!(found.money, Money::NothingCharged) || found.resolved.is_some() {
+            return stale("its payment vanished");
+        }
+        return tombstone(tx, topics, event, order).await;
     };
-    let status: &str = payment.get("status");
-    let charge_id: Option<&str> = payment.get("charge_id");
-    if payment.get("answered") {
+    if payment.answered {
         // Answered before: this cancellation delivered again after its id left the
-        // inbox, or a charge that met its tombstone and was refunded.
+        // inbox, or a copy with the other id order-service gives cancellations.
         return Ok(Outcome::Guarded);
     }
-    match &found {
-        Found::Refunded {
-            charge_id: refunded,
-            refund,
-            ..
-        } if charge_id == Some(refunded.as_str()) => {
-            tx.pipeline(
-                tx.prepare_cached(RECORD_REFUND).await?,
-                vec![Box::new(order.order_id), Box::new(refund.refund_id.clone())],
-            );
+    let mut state = payment.state;
+    match (&found.resolved, state.undecided()) {
+        (Some(Resolved::Replayed(answer)), true) => {
+            let order_of = (payment.order_id, payment.amount_cents);
+            payment::record_charge(tx, topics, &payment.event_id, order_of, answer).await?;
+            state = match answer {
+                Answer::Charged { .. } => ChargeState::Succeeded,
+                Answer::Declined { .. } => ChargeState::Failed,
+            };
         }
-        _ if status == "succeeded" => {
-            return Err(HandlerError::Stale(format!(
-                "order {} has a charge standing ({}) that this cancellation's prepare did not refund: it committed meanwhile",
-                order.order_id,
-                charge_id.unwrap_or("no charge id")
-            )));
+        (Some(Resolved::NothingListed), true) => {
+            tx.execute(&tx.prepare_cached(VOID_INTENT).await?, &[&order.order_id])
+                .await?;
+            state = ChargeState::Voided;
         }
-        _ => tx.pipeline(
-            tx.prepare_cached(RECORD_ANSWERED).await?,
-            vec![Box::new(order.order_id)],
-        ),
+        // Left for a person, its failure recorded below.
+        (Some(Resolved::Undecidable(_)), true) => {}
+        // Decided meanwhile by its own transaction: the same answer, under the same key.
+        (Some(_), false) => {}
+        (None, true) => return stale("a charge was asked for"),
+        (None, false) => {}
     }
-    enqueue_answer(tx, topics, event, &found, "declined").await?;
-    Ok(Outcome::Applied)
+    let caused_by = Some(event.id.as_str());
+    let answered = match &found.money {
+        Money::Refunded { charge, refund } => {
+            if payment
+                .charge_id
+                .as_deref()
+                .is_some_and(|id| id != charge.charge_id)
+            {
+                return stale("another charge was recorded");
+            }
+            refund::record_refunded(tx, topics, order.order_id, charge, refund, caused_by).await?
+        }
+        Money::NotRefunded(failed) => {
+            refund::record_not_refunded(tx, topics, failed, caused_by).await?
+        }
+        Money::NothingCharged if state == ChargeState::Succeeded => {
+            return stale("a charge was recorded");
+        }
+        Money::NothingCharged => {
+            tx.execute(
+                &tx.prepare_cached(RECORD_ANSWERED).await?,
+                &[&order.order_id],
+            )
+            .await?;
+            enqueue_voided(tx, topics, event, order, "declined").await?;
+            true
+        }
+        Money::AnsweredBefore => return stale("its answer was undone"),
+    };
+    Ok(if answered {
+        Outcome::Applied
+    } else {
+        Outcome::Guarded
+    })
 }
 
-/// The payment of an order cancelled before any was recorded here: the tombstone, with
-/// the provider's charge and its refund if one stood there.
-async fn record_tombstone(
+/// The payment of an order cancelled before any was recorded here: the tombstone, and
+/// `payment.voided`.
+async fn tombstone(
     tx: &Transaction<'_>,
+    topics: &Topics,
     event: &Envelope,
-    found: &Found,
-) -> Result<(), HandlerError> {
-    let (order, charge_id, refund_id) = match found {
-        Found::Refunded {
-            order,
-            charge_id,
-            refund,
-            ..
-        } => (
-            order,
-            Some(charge_id.as_str()),
-            Some(refund.refund_id.as_str()),
-        ),
-        Found::NothingCharged { order } => (order, None, None),
-    };
+    order: &OrderOutcome,
+) -> Result<Outcome, HandlerError> {
     let inserted = tx
         .execute(
             &tx.prepare_cached(INSERT_VOIDED).await?,
-            &[
-                &order.order_id,
-                &event.id,
-                &order.amount_cents,
-                &charge_id,
-                &refund_id,
-            ],
+            &[&order.order_id, &event.id, &order.amount_cents],
         )
         .await?;
     if inserted == 0 {
         return Err(HandlerError::Stale(format!(
-            "order {} got a payment while its cancellation was prepared",
+            "order {}: a charge was asked for while its cancellation was prepared",
             order.order_id
         )));
     }
-    Ok(())
+    enqueue_voided(tx, topics, event, order, "not_charged").await?;
+    Ok(Outcome::Applied)
 }
 
-/// The answer to the cancellation `event`: `payment.refunded` if `found` a refund made,
-/// else `payment.voided` for `nothing_because`.
-async fn enqueue_answer(
+/// `payment.voided`, answering the cancellation `event`: nothing was charged `because`.
+async fn enqueue_voided(
     tx: &Transaction<'_>,
     topics: &Topics,
     event: &Envelope,
-    found: &Found,
-    nothing_because: &str,
+    order: &OrderOutcome,
+    because: &str,
 ) -> Result<(), HandlerError> {
-    match found {
-        Found::Refunded {
-            order,
-            charge_id,
-            amount_cents,
-            refund,
-        } => {
-            outbox::enqueue(
-                tx,
-                &NewEvent {
-                    event_id: &events::refund_id(order.order_id),
-                    topic: &topics.payments,
-                    key: &order.order_id.to_string(),
-                    event_type: events::PAYMENT_REFUNDED,
-                    payload: &PaymentRefunded {
-                        order_id: order.order_id,
-                        amount_cents: *amount_cents,
-                        charge_id: charge_id.clone(),
-                        refund_id: refund.refund_id.clone(),
-                    },
-                    caused_by: Some(&event.id),
-                },
-            )
-            .await?
-        }
-        Found::NothingCharged { order } => {
-            outbox::enqueue(
-                tx,
-                &NewEvent {
-                    event_id: &events::voided_id(&event.id),
-                    topic: &topics.payments,
-                    key: &order.order_id.to_string(),
-                    event_type: events::PAYMENT_VOIDED,
-                    payload: &PaymentVoided {
-                        order_id: order.order_id,
-                        reason: nothing_because.to_owned(),
-                    },
-                    caused_by: Some(&event.id),
-                },
-            )
-            .await?
-        }
-    }
+    outbox::enqueue(
+        tx,
+        &NewEvent {
+            event_id: &events::voided_id(&event.id),
+            topic: &topics.payments,
+            key: &order.order_id.to_string(),
+            event_type: events::PAYMENT_VOIDED,
+            payload: &PaymentVoided {
+                order_id: order.order_id,
+                reason: because.to_owned(),
+            },
+            caused_by: Some(&event.id),
+        },
+    )
+    .await?;
     Ok(())
 }

@@ -5,152 +5,11 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{LIMIT_CENTS, LocalProvider};
-use payment_service::{ChargeOrder, RefundOrder};
-use saga::handler::Pair;
-use saga::{Applier, Envelope, HandlerError, Outcome, Step, Topics};
-use saga_testkit::TestDatabase;
-use serde_json::{Value, json};
+use common::LIMIT_CENTS;
+use common::on_orders::{apply_until_done, cancellation, cancelled, created, fixture};
+use saga::{HandlerError, Outcome, Step};
+use serde_json::json;
 use uuid::Uuid;
-
-type OnOrders = Applier<Pair<ChargeOrder, RefundOrder>>;
-
-struct Fixture {
-    db: TestDatabase,
-    provider: LocalProvider,
-}
-
-async fn fixture() -> Fixture {
-    let (db, provider) = tokio::join!(
-        TestDatabase::migrated(payment_service::migrations, payment_service::HISTORY_TABLE),
-        LocalProvider::start()
-    );
-    Fixture { db, provider }
-}
-
-fn event(id: &str, event_type: &str, order_id: Uuid, payload: Value) -> Envelope {
-    Envelope::from_slice(&saga_testkit::envelope(id, event_type, order_id, payload)).unwrap()
-}
-
-fn created(order_id: Uuid, amount_cents: i64) -> Envelope {
-    event(
-        &order_id.to_string(),
-        "order.created",
-        order_id,
-        json!({ "order_id": order_id, "customer_id": "cust-1", "amount_cents": amount_cents, "items": [] }),
-    )
-}
-
-/// The customer's cancellation, as order-service writes it.
-fn cancelled(order_id: Uuid, amount_cents: i64) -> Envelope {
-    cancellation(&format!("{order_id}:cancel"), order_id, amount_cents)
-}
-
-fn cancellation(id: &str, order_id: Uuid, amount_cents: i64) -> Envelope {
-    event(
-        id,
-        "order.cancelled",
-        order_id,
-        json!({ "order_id": order_id, "customer_id": "cust-1", "amount_cents": amount_cents, "reason": "customer" }),
-    )
-}
-
-impl Fixture {
-    fn handler(&self) -> OnOrders {
-        let provider = self.provider.client(Duration::from_millis(500));
-        let topics = Topics::new("");
-        Applier::new(
-            self.db.pool.clone(),
-            Pair(
-                ChargeOrder::new(topics.clone(), provider.clone()),
-                RefundOrder::new(topics, provider),
-            ),
-        )
-    }
-
-    /// The payment's status, charge and refund.
-    async fn payment(&self, order_id: Uuid) -> Option<(String, Option<String>, Option<String>)> {
-        self.db
-            .client()
-            .await
-            .query_opt(
-                "SELECT status, charge_id, refund_id FROM payments WHERE order_id = $1",
-                &[&order_id],
-            )
-            .await
-            .unwrap()
-            .map(|row| (row.get(0), row.get(1), row.get(2)))
-    }
-
-    /// The outbox's events for the order: id and type, in order.
-    /// The types of the outbox's events for the order, in order.
-    async fn event_types(&self, order_id: Uuid) -> Vec<String> {
-        self.events(order_id)
-            .await
-            .into_iter()
-            .map(|(_, t)| t)
-            .collect()
-    }
-
-    async fn events(&self, order_id: Uuid) -> Vec<(String, String)> {
-        self.db
-            .client()
-            .await
-            .query(
-                "SELECT event_id, type FROM outbox WHERE key = $1 ORDER BY id",
-                &[&order_id.to_string()],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect()
-    }
-
-    /// The provider's charges for the order, each with its refunds.
-    async fn charges(&self, order_id: Uuid) -> Vec<Value> {
-        self.provider.admin.charges_for(&order_id.to_string()).await
-    }
-
-    /// One charge for `amount_cents` at the provider, refunded once, and the payment
-    /// here holds both ids.
-    async fn refunded_once(&self, order_id: Uuid, amount_cents: i64) {
-        let charges = self.charges(order_id).await;
-        assert_eq!(charges.len(), 1, "one charge: {charges:?}");
-        let refunds = charges[0]["refunds"]
-            .as_array()
-            .expect("a charge lists its refunds");
-        assert_eq!(refunds.len(), 1, "one refund: {charges:?}");
-        assert_eq!(refunds[0]["amount_cents"], amount_cents);
-        let (_, charge_id, refund_id) = self.payment(order_id).await.expect("a payment");
-        assert_eq!(charge_id.as_deref(), charges[0]["id"].as_str());
-        assert_eq!(refund_id.as_deref(), refunds[0]["id"].as_str());
-        let refunded = (format!("{order_id}:refund"), "payment.refunded".to_owned());
-        let announced = self.events(order_id).await;
-        assert_eq!(
-            announced.iter().filter(|e| **e == refunded).count(),
-            1,
-            "{announced:?}"
-        );
-    }
-}
-
-/// Applies `event` as the consumer would: again, prepared afresh, while it fails with an
-/// error that heals by itself (a lost answer, a prepare out of date).
-async fn apply_until_done(handler: &OnOrders, event: &Envelope) -> Outcome {
-    for _ in 0..5 {
-        match handler.apply(event).await {
-            Ok(outcome) => return outcome,
-            Err(error @ (HandlerError::Unavailable(_) | HandlerError::Stale(_))) => {
-                tracing::info!(%error, "retrying");
-            }
-            Err(error) => panic!("{}: {error}", event.id),
-        }
-    }
-    panic!("{} did not apply in 5 attempts", event.id)
-}
 
 #[tokio::test]
 async fn cancelling_a_charged_order_refunds_its_charge_once() {
@@ -198,34 +57,36 @@ async fn a_cancellation_before_any_charge_leaves_a_tombstone_that_stops_the_char
     );
 }
 
-/// The provider charged, and the answer never made it into a payment here (its
-/// `order.created` dead-lettered after the call): the cancellation finds the charge at
-/// the provider, and refunds it.
+/// The charge was asked for and made, and its `order.created` never reached its
+/// transaction (dead-lettered, or its consumer gone, after the call): its intent is the
+/// payment, undecided. The cancellation resolves the charge under its own key, records it
+/// with its `payment.succeeded`, and refunds it.
 #[tokio::test]
-async fn a_charge_made_at_the_provider_without_a_payment_here_is_refunded() {
+async fn a_charge_whose_event_never_reached_its_transaction_is_resolved_by_its_key_and_refunded() {
     let f = fixture().await;
     let handler = f.handler();
     let order_id = Uuid::new_v4();
-    let body =
-        json!({ "amount_cents": 2598, "currency": "usd", "reference": order_id.to_string() });
-    let (status, _) = f
-        .provider
-        .admin
-        .charge(&format!("{order_id}:charge"), &body)
-        .await;
-    assert_eq!(status, 201);
+    let create = created(order_id, 2598);
+    let charged = handler.prepare(&create).await.unwrap();
+    assert!(
+        matches!(charged, Step::Apply(_)),
+        "the charge was asked for"
+    );
+    drop(charged);
+    assert_eq!(f.payment(order_id).await.unwrap().0, "charging");
 
     assert_eq!(
-        handler.apply(&cancelled(order_id, 2598)).await.unwrap(),
+        apply_until_done(&handler, &cancelled(order_id, 2598)).await,
         Outcome::Applied
     );
-    assert_eq!(
-        handler.apply(&created(order_id, 2598)).await.unwrap(),
-        Outcome::Guarded
-    );
+    assert_eq!(handler.apply(&create).await.unwrap(), Outcome::Guarded);
 
     f.refunded_once(order_id, 2598).await;
-    assert_eq!(f.payment(order_id).await.unwrap().0, "voided");
+    assert_eq!(f.payment(order_id).await.unwrap().0, "succeeded");
+    assert_eq!(
+        f.event_types(order_id).await,
+        ["payment.succeeded", "payment.refunded"]
+    );
 }
 
 #[tokio::test]
@@ -323,11 +184,12 @@ async fn a_charge_committed_after_the_cancellation_was_prepared_is_refunded_not_
     assert_eq!(f.payment(order_id).await.unwrap().0, "succeeded");
 }
 
-/// The `order.created` was prepared (and charged) while its cancellation committed a
-/// tombstone: its transaction meets the tombstone, and prepared again it refunds the
-/// charge it made instead of dropping it.
+/// The cancellation was prepared while its order had no payment, and the `order.created`
+/// then wrote its intent and was charged: the cancellation's tombstone finds the intent
+/// and commits nothing; prepared again, the cancellation resolves the charge under its key
+/// and refunds it, and the charge's own transaction, last, finds it decided.
 #[tokio::test]
-async fn a_charge_that_meets_its_orders_tombstone_is_refunded() {
+async fn a_cancellation_that_meets_a_charges_intent_resolves_the_charge_and_refunds_it() {
     let f = fixture().await;
     let handler = f.handler();
     let order_id = Uuid::new_v4();
@@ -336,20 +198,20 @@ async fn a_charge_that_meets_its_orders_tombstone_is_refunded() {
     let create = created(order_id, 2598);
     let charged = handler.prepare(&create).await.unwrap();
 
-    assert_eq!(
-        handler
-            .apply_prepared(&cancel, cancel_prepared)
-            .await
-            .unwrap(),
-        Outcome::Applied
-    );
-    let stale = handler.apply_prepared(&create, charged).await.unwrap_err();
+    let stale = handler
+        .apply_prepared(&cancel, cancel_prepared)
+        .await
+        .unwrap_err();
     assert!(matches!(stale, HandlerError::Stale(_)), "{stale}");
-    assert_eq!(apply_until_done(&handler, &create).await, Outcome::Applied);
+    assert_eq!(apply_until_done(&handler, &cancel).await, Outcome::Applied);
+    assert_eq!(
+        handler.apply_prepared(&create, charged).await.unwrap(),
+        Outcome::Guarded
+    );
 
     f.refunded_once(order_id, 2598).await;
     let answers = f.event_types(order_id).await;
-    assert_eq!(answers, ["payment.voided", "payment.refunded"]);
+    assert_eq!(answers, ["payment.succeeded", "payment.refunded"]);
 }
 
 #[tokio::test]

@@ -14,11 +14,12 @@
 //!   its `order.created` row and its idempotency key are written, before `COMMIT`. The
 //!   client gets no answer and retries; with the same key it places the order once.
 //!
-//! Two are not crashes but bugs on purpose, to show what a guard is for:
+//! Four are not crashes but bugs on purpose, to show what a guard is for:
 //! [`FRESH_CHARGE_KEY`] makes payment-service send a new idempotency key on every call to
 //! the card provider, so that a lost answer followed by the retry charges twice,
 //! [`FRESH_REFUND_KEY`] does the same to its refunds, so that a lost refund's retry
-//! refunds twice, and
+//! refunds twice, [`LIST_DECIDES`] brings back a cancellation that trusts the provider's
+//! list of charges, so that a charge still committing is never refunded, and
 //! [`RELAY_ACKS_ONE`] makes a relay trust a partition's leader alone (and with it the
 //! dead letters, which its consumer sends with the relay's producer), so that on a
 //! cluster a leader's death loses a published event; the fault suite's checker must say
@@ -54,19 +55,26 @@ pub const FRESH_CHARGE_KEY: &str = "charge.fresh-key";
 /// each refund it asks the provider for instead of the order's one.
 pub const FRESH_REFUND_KEY: &str = "refund.fresh-key";
 
+/// Not a crash: while armed (`return`), a cancellation that meets an undecided charge
+/// lists the order's charges at the provider and reads an empty list as "nothing
+/// charged", instead of asking for the charge again under its key. The list does not show
+/// a charge still committing, so a refund is lost; the fault suite's checker must say so.
+pub const LIST_DECIDES: &str = "refund.list-decides";
+
 /// Not a crash: armed (`return`) when a relay starts, its producer takes a write as
 /// acknowledged once the partition's leader has it (`acks=1`, idempotence off) instead of
 /// once the in-sync replicas do, so that a leader dying before its followers copied a
 /// record loses it after the relay marked its row published.
 pub const RELAY_ACKS_ONE: &str = "relay.acks-one";
 
-const ALL: [&str; 7] = [
+const ALL: [&str; 8] = [
     CONSUMER_AFTER_HANDLER,
     RELAY_AFTER_ACK,
     HANDLER_BEFORE_COMMIT,
     API_BEFORE_COMMIT,
     FRESH_CHARGE_KEY,
     FRESH_REFUND_KEY,
+    LIST_DECIDES,
     RELAY_ACKS_ONE,
 ];
 

@@ -1,7 +1,7 @@
 //! The drift check: the handlers' statements against the scripts made of them, and
 //! the scripts' own rules.
 
-use super::extract::extract_plain;
+use super::extract::extract_library;
 use super::render::{bind, check_variables, parameter_count};
 use super::*;
 
@@ -82,7 +82,7 @@ fn every_handler_transaction_renders_from_its_source() {
 fn the_handlers_statements_are_the_ones_the_scripts_run() {
     // The outbox's statements (the NOTIFY's setting, the insert) are spliced in where
     // the handlers call outbox::enqueue.
-    let enqueue = extract_plain(&OUTBOX, "enqueue").unwrap().statements;
+    let enqueue = extract_library(&OUTBOX, "enqueue").unwrap().statements;
     assert_eq!(enqueue.len(), 2);
     assert!(enqueue[0].contains("saga.outbox_notify"), "{enqueue:?}");
     let charge = Transaction::charge().extracted().unwrap();

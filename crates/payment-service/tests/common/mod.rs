@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // Each test crate uses its own part of this.
 
+pub mod on_orders;
+
 use std::time::Duration;
 
 use payment_service::{Provider, ProviderConfig};
