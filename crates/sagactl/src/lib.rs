@@ -6,11 +6,15 @@
 //!   what every delivery of its events met.
 //! - [`render`]: the story, stuck orders and dead letters as text.
 //!
-//! It reads only: nothing it does changes the saga.
+//! It reads only, but for `refund retry`, which asks payment-service to try a refused
+//! refund again ([`retry_refund`]).
 
+mod refund;
 pub mod render;
 pub mod story;
 pub mod web;
+
+pub use refund::{render_retry, retry_refund};
 
 use std::collections::BTreeMap;
 use std::time::Duration;

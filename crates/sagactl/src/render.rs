@@ -58,9 +58,9 @@ pub fn story(story: &Story, all: bool) -> String {
         }
         let mark = match step.kind {
             Kind::Guard1 | Kind::Guard2 => "»",
-            Kind::DeadLettered => "!",
+            Kind::DeadLettered | Kind::RefundFailed => "!",
             Kind::Cancelled | Kind::Refunded | Kind::Tombstone => "×",
-            Kind::Waiting => "…",
+            Kind::Waiting | Kind::Unknown => "…",
             _ => " ",
         };
         let _ = writeln!(

@@ -11,7 +11,11 @@
 //! - **refunded**: the provider's refund of the order's charge, with the key it was made
 //!   under.
 //! - **tombstone**: payment-service's `voided` payment, left by a cancellation that came
-//!   before any charge recorded there.
+//!   before any charge was asked for.
+//! - **unknown**: payment-service's charge or refund asked for, with no answer yet (its
+//!   intent, or a call whose answer was lost): only the same key's answer decides it.
+//! - **refund failed**: the provider refused the refund, or no refund could be asked
+//!   for; the payment holds why, and `sagactl refund retry` tries again.
 //! - **record**: every record on the saga's topics about the order (its key, or its
 //!   envelope's `aggregate_id`), originals and copies alike: a hand-replayed record is a
 //!   second record.
@@ -63,10 +67,12 @@ pub struct Order {
     pub amount_cents: i64,
     pub cancel_reason: Option<String>,
     /// What became of a cancelled order's charge, as the API says it: `pending` until
-    /// payment-service answered the cancellation, then `refunded` or `not_charged`.
+    /// payment-service answered the cancellation, then `refunded`, `failed` or `not_charged`.
     pub refund: Option<&'static str>,
     /// The provider's id of the order's refund, once order-service recorded it.
     pub refund_id: Option<String>,
+    /// Why its refund failed, while it is `failed`.
+    pub refund_failure: Option<String>,
     /// When the outcome was decided and a cancellation answered; `None` while in flight.
     #[serde(with = "time::serde::rfc3339::option")]
     pub settled_at: Option<OffsetDateTime>,
@@ -88,6 +94,8 @@ pub enum Kind {
     Cancelled,
     Refunded,
     Tombstone,
+    Unknown,
+    RefundFailed,
     Record,
     Applied,
     Guard1,
@@ -111,6 +119,8 @@ impl Kind {
             Kind::Cancelled => "cancelled",
             Kind::Refunded => "refunded",
             Kind::Tombstone => "tombstone",
+            Kind::Unknown => "unknown",
+            Kind::RefundFailed => "refund failed",
             Kind::Record => "record",
             Kind::Applied => "applied",
             Kind::Guard1 => "guard 1",
@@ -263,7 +273,7 @@ pub async fn tell(
     let caused = rows::outbox(databases, &key, &mut steps, &mut open).await?;
     steps.extend(rows::charges(databases, &key).await?);
     steps.extend(rows::refunds(databases, &key).await?);
-    steps.extend(rows::tombstone(databases, order_id).await?);
+    steps.extend(rows::payment(databases, order_id).await?);
     steps.extend(rows::notifications(databases, order_id).await?);
     open |= records::tell(&sources.topics, &on_topics, databases, &caused, &mut steps).await?;
 

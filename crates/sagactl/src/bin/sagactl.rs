@@ -49,12 +49,36 @@ enum Command {
     },
     /// Each dead-letter topic: how many records, and why.
     DeadLetters,
+    /// A cancelled order's refund, which the provider refused: `refund retry <order>`
+    /// asks payment-service to try again.
+    Refund {
+        #[command(subcommand)]
+        action: RefundAction,
+    },
     /// The same as a web page: recent orders, a search by id, and each order's timeline,
     /// updated live.
     Serve {
         /// Where to listen; loopback unless told otherwise.
         #[arg(long, env = "SAGACTL_ADDR", default_value = "127.0.0.1:8090")]
         addr: std::net::SocketAddr,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum RefundAction {
+    /// Asks payment-service to refund the order's charge again, under a new idempotency
+    /// key (the refused one keeps its refusal at the provider). Safe to repeat: a refund
+    /// made is answered as it stands, one under way is asked again under its own key, and
+    /// only one retry moves a failed refund to its next attempt.
+    Retry {
+        order_id: Uuid,
+        /// payment-service's HTTP address (any copy of it).
+        #[arg(
+            long,
+            env = "PAYMENT_SERVICE_URL",
+            default_value = "http://127.0.0.1:8081"
+        )]
+        payment_service_url: String,
     },
 }
 
@@ -113,6 +137,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     saga::shutdown::on_signal(std::time::Duration::ZERO).cancelled_owned(),
                 )
                 .await?;
+        }
+        Command::Refund {
+            action:
+                RefundAction::Retry {
+                    order_id,
+                    payment_service_url,
+                },
+        } => {
+            let (ok, answer) = sagactl::retry_refund(payment_service_url, *order_id).await?;
+            print(sagactl::render_retry(&answer), answer);
+            if !ok {
+                return Ok(ExitCode::from(2));
+            }
         }
         Command::DeadLetters => {
             let summaries = sagactl::dead_letters(&cli.sources).await?;

@@ -17,7 +17,7 @@ pub(super) async fn order(databases: &Databases, order_id: Uuid) -> anyhow::Resu
         .orders()
         .query_opt(
             "SELECT id, status, customer_id, amount_cents, cancel_reason, refund_id, settled_at,
-                    created_at, updated_at
+                    refund_failure, created_at, updated_at
                FROM orders WHERE id = $1",
             &[&order_id],
         )
@@ -28,11 +28,13 @@ pub(super) async fn order(databases: &Databases, order_id: Uuid) -> anyhow::Resu
     let status: String = row.get("status");
     let refund_id: Option<String> = row.get("refund_id");
     let settled_at: Option<OffsetDateTime> = row.get("settled_at");
+    let refund_failure: Option<String> = row.get("refund_failure");
     // As order-service's API says it (RefundState).
-    let refund = match (status.as_str(), &refund_id, settled_at) {
-        ("cancelled", Some(_), _) => Some("refunded"),
-        ("cancelled", None, Some(_)) => Some("not_charged"),
-        ("cancelled", None, None) => Some("pending"),
+    let refund = match (status.as_str(), &refund_id, &refund_failure, settled_at) {
+        ("cancelled", Some(_), _, _) => Some("refunded"),
+        ("cancelled", None, Some(_), _) => Some("failed"),
+        ("cancelled", None, None, Some(_)) => Some("not_charged"),
+        ("cancelled", None, None, None) => Some("pending"),
         _ => None,
     };
     Ok(Some(Order {
@@ -43,6 +45,7 @@ pub(super) async fn order(databases: &Databases, order_id: Uuid) -> anyhow::Resu
         cancel_reason: row.get("cancel_reason"),
         refund,
         refund_id,
+        refund_failure,
         settled_at,
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
@@ -86,6 +89,11 @@ pub(super) fn cancellation(order: &Order) -> Option<Step> {
             Some("refunded") => format!(
                 "refund: refunded, {}",
                 order.refund_id.as_deref().unwrap_or_default()
+            ),
+            Some("failed") => format!(
+                "refund: FAILED, {}; try again: sagactl refund retry {}",
+                order.refund_failure.as_deref().unwrap_or_default(),
+                order.id
             ),
             _ => "refund: not charged".into(),
         }),
@@ -237,41 +245,115 @@ pub(super) async fn refunds(databases: &Databases, key: &str) -> anyhow::Result<
         .collect())
 }
 
-/// payment-service's tombstone for the order: the `voided` payment a cancellation left
-/// where no charge was recorded, which stops any charge for the order later.
-pub(super) async fn tombstone(databases: &Databases, order_id: Uuid) -> anyhow::Result<Vec<Step>> {
+/// payment-service's own record of the order's money, where the provider's charges and
+/// refunds do not tell it: its tombstone (the `voided` payment a cancellation left where
+/// no charge was asked for, which stops any charge for the order later), a charge asked
+/// for whose answer is not known, and a refund undecided, refused or left to a person.
+pub(super) async fn payment(databases: &Databases, order_id: Uuid) -> anyhow::Result<Vec<Step>> {
     let Some(row) = databases
         .of("payment-service")
         .query_opt(
-            "SELECT event_id, charge_id, refund_id, created_at
-               FROM payments WHERE order_id = $1 AND status = 'voided'",
+            "SELECT event_id, status, charge_id, charge_key, refund_id, refund_status,
+                    refund_key, refund_reason, refund_attempt, created_at, updated_at
+               FROM payments WHERE order_id = $1",
             &[&order_id],
         )
         .await?
     else {
         return Ok(Vec::new());
     };
+    Ok(charge_step(&row)
+        .into_iter()
+        .chain(refund_step(&row, order_id))
+        .collect())
+}
+
+/// The payment's charge, where the provider's charges do not tell it: its tombstone, or
+/// its answer not known yet.
+fn charge_step(row: &tokio_postgres::Row) -> Option<Step> {
+    let status: &str = row.get("status");
     let charge: Option<String> = row.get("charge_id");
     let refund: Option<String> = row.get("refund_id");
     let event_id: String = row.get("event_id");
-    let text = match (&charge, &refund) {
-        (Some(charge), Some(refund)) => format!(
-            "tombstone: cancelled before a charge was recorded here; the provider's {charge} is refunded as {refund}"
-        ),
-        (Some(charge), None) => {
+    match status {
+        "voided" => Some(Step {
+            at: row.get("created_at"),
+            actor: "payment-service".into(),
+            kind: Kind::Tombstone,
+            text: match (&charge, &refund) {
+                (Some(charge), Some(refund)) => format!(
+                    "tombstone: cancelled before a charge was recorded here; the provider's {charge} is refunded as {refund}"
+                ),
+                (Some(charge), None) => format!(
+                    "tombstone: cancelled before a charge was recorded here; the provider's {charge} stands"
+                ),
+                _ => "cancelled before any charge: no charge will be made".to_owned(),
+            },
+            detail: Some(format!("a voided payment, left by {event_id}")),
+        }),
+        "charging" | "unknown" => Some(Step {
+            at: row.get("updated_at"),
+            actor: "payment-service".into(),
+            kind: Kind::Unknown,
+            text: format!(
+                "charge {}: asked for under {}, its answer not known yet",
+                if status == "unknown" {
+                    "unknown"
+                } else {
+                    "being asked for"
+                },
+                row.get::<_, Option<String>>("charge_key")
+                    .unwrap_or_default()
+            ),
+            detail: Some(
+                "only the same key's answer decides it; the order's cancellation asks again".into(),
+            ),
+        }),
+        _ => None,
+    }
+}
+
+/// The payment's refund, where the provider's refunds do not tell it: refused, left to a
+/// person, or its answer not known yet.
+fn refund_step(row: &tokio_postgres::Row, order_id: Uuid) -> Option<Step> {
+    let refund_status: Option<&str> = row.get("refund_status");
+    let reason: Option<String> = row.get("refund_reason");
+    let attempt: i32 = row.get("refund_attempt");
+    let key: Option<String> = row.get("refund_key");
+    let (kind, text) = match refund_status {
+        Some("failed") => (
+            Kind::RefundFailed,
             format!(
-                "tombstone: cancelled before a charge was recorded here; the provider's {charge} stands"
-            )
-        }
-        _ => "cancelled before any charge: no charge will be made".to_owned(),
+                "refund FAILED (attempt {attempt}): {}",
+                reason.unwrap_or_default()
+            ),
+        ),
+        Some("manual") => (
+            Kind::RefundFailed,
+            format!("refund left to a person: {}", reason.unwrap_or_default()),
+        ),
+        Some(undecided @ ("refunding" | "unknown")) => (
+            Kind::Unknown,
+            format!(
+                "refund {}: asked for under {}, its answer not known yet",
+                if undecided == "unknown" {
+                    "unknown"
+                } else {
+                    "being asked for"
+                },
+                key.unwrap_or_default()
+            ),
+        ),
+        _ => return None,
     };
-    Ok(vec![Step {
-        at: row.get("created_at"),
+    Some(Step {
+        at: row.get("updated_at"),
         actor: "payment-service".into(),
-        kind: Kind::Tombstone,
+        kind,
         text,
-        detail: Some(format!("a voided payment, left by {event_id}")),
-    }])
+        detail: (refund_status == Some("failed"))
+            .then(|| format!("try again: sagactl refund retry {order_id}")),
+    })
 }
 
 /// The customer's notifications, one per kind of news.
