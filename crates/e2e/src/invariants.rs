@@ -15,15 +15,17 @@
 //! - **Exactly the events of its story, each once**: order-service's `order.created`, the
 //!   payment's outcome (none for an order cancelled before its payment came), the
 //!   cancellation, `order.refunded` for a refunded order; payment-service's one payment
-//!   row (a tombstone, `voided`, for an order cancelled before its charge was recorded),
-//!   its result, and one answer per cancellation, `payment.refunded` or
-//!   `payment.voided`; every outbox row published.
+//!   row (a tombstone, `voided`, for an order cancelled before its charge was asked for),
+//!   its result, and one answer per cancellation, `payment.refunded`, `payment.voided`
+//!   or `payment.refund_failed` (one per failed attempt); every outbox row published.
 //! - **The money** (the one effect no rollback of ours can undo): per order, charged at
 //!   most once at the provider, for its amount; each charge refunded at most once, in
 //!   full, and only one that succeeded; charged minus refunded is the amount for a confirmed order
-//!   and 0 for every cancelled one; the payment holds the provider's charge and refund,
-//!   the order the same refund; no charge made after a tombstone that was not refunded;
-//!   and no charge for an order the saga never saw.
+//!   and 0 for every cancelled one, or the amount with the refund's failure visible (the
+//!   payment `failed` or `manual`, the order showing why); no payment undecided at rest
+//!   (`charging`, `unknown`, `refunding`); the payment holds the provider's charge and
+//!   refund, the order the same refund; no charge made after a tombstone that was not
+//!   refunded; and no charge for an order the saga never saw.
 //! - **Notifications match the story**: one per order and kind, each from the event
 //!   that tells it (`confirmed`/`declined` from the outcome, `cancelled_by_customer`/
 //!   `cancelled_for_timeout` from the cancellation, `refunded` from `order.refunded`),
@@ -139,6 +141,9 @@ pub struct Findings {
     pub cancellations: usize,
     /// Of those, answered with a refund.
     pub refunded: usize,
+    /// Of those, answered with a refund that failed, visibly (`payment.refund_failed`,
+    /// the order showing why): charged still, waiting for a person.
+    pub refund_failed: usize,
     /// Of those, answered with a void: nothing was charged, or the charge declined.
     pub voided: usize,
     /// Charges and refunds at the provider, for the saga's orders.

@@ -305,25 +305,26 @@ async fn a_cancellation_met_before_its_order_created_leaves_a_tombstone_and_the_
 async fn a_charge_made_for_an_order_created_that_was_dead_lettered_is_refunded_when_the_order_is_cancelled()
  {
     let stack = Stack::start().await;
-    // payment-service cannot record its payments: the charge is made, then order.created
-    // fails in the transaction, is retried (the charge replayed) and dead-lettered.
-    payments_privilege(&stack, "INSERT", false).await;
+    // payment-service cannot record the charge's answer: its intent is committed, the
+    // charge made, then order.created fails in the transaction, is retried (the charge
+    // replayed) and dead-lettered. The intent stays, undecided.
+    payments_privilege(&stack, "UPDATE", false).await;
     let order_id = stack.place_order(1).await;
     let dead_letters = dead_lettered(&stack).await;
-    payments_privilege(&stack, "INSERT", true).await;
+    payments_privilege(&stack, "UPDATE", true).await;
     assert_eq!(
         stack.money(order_id).await.the_charge()["status"],
         "succeeded"
     );
-    assert_eq!(stack.payment(order_id).await, None);
+    assert_eq!(stack.payment(order_id).await.unwrap().status, "charging");
 
     let answer = stack.cancel(order_id, None).await;
 
     assert_eq!(answer.status, 202, "{}", answer.order);
     let charge = assert_refunded_once(&stack, order_id, 1299).await;
-    let tombstone = stack.payment(order_id).await.unwrap();
-    assert_eq!(tombstone.status, "voided", "recorded on the tombstone");
-    assert_eq!(tombstone.charge_id.as_deref(), charge["id"].as_str());
+    let payment = stack.payment(order_id).await.unwrap();
+    assert_eq!(payment.status, "succeeded", "resolved under its key");
+    assert_eq!(payment.charge_id.as_deref(), charge["id"].as_str());
     assert_told(&stack, order_id, &["cancelled_by_customer", "refunded"]).await;
 
     // Its order.created sent back changes nothing: charged once, refunded once.
@@ -420,12 +421,12 @@ async fn an_order_cancelled_for_its_deadline_whose_payment_arrives_late_is_refun
 /// Orders whose `order.created` is redriven right behind their cancellation.
 const RACING_ORDERS: usize = 3;
 
-/// The race the tombstone's checks are for: payment-service, back after a stop, finds
-/// each order's cancellation and, right behind it, the order's redriven `order.created`,
-/// which it prepares ahead while the cancellation is applied. The `order.created` reads
-/// no payment yet and charges (slowly); the cancellation found no charge and leaves its
-/// tombstone, answered `voided`. The charge's transaction then meets the tombstone, is
-/// prepared again, and refunds the charge on it.
+/// The race the intent and the tombstone share a primary key for: payment-service, back
+/// after a stop, finds each order's cancellation and, right behind it, the order's
+/// redriven `order.created`, which it prepares ahead while the cancellation is applied.
+/// Whichever commits first holds the order's payment: the tombstone (then no charge is
+/// asked for), or the charge's intent (then the charge is made, slowly, and the
+/// cancellation, finding the intent, resolves the charge under its key and refunds it).
 #[tokio::test]
 async fn an_order_created_redriven_right_behind_its_cancellation_has_the_charge_it_made_meanwhile_refunded()
  {
@@ -467,18 +468,22 @@ async fn an_order_created_redriven_right_behind_its_cancellation_has_the_charge_
         stack
             .caught_up(PAYMENT_SERVICE, &stack.kafka.topics.orders)
             .await;
-        let tombstone = stack.payment(order_id).await.expect("a tombstone");
-        assert_eq!(tombstone.status, "voided");
+        let payment = stack.payment(order_id).await.expect("a payment");
         let money = stack.money(order_id).await;
         if money.charges.is_empty() {
+            assert_eq!(payment.status, "voided", "nothing charged: the tombstone");
             continue;
         }
         charged += 1;
         let charge = assert_refunded_once(&stack, order_id, 1299).await;
-        assert_eq!(tombstone.charge_id.as_deref(), charge["id"].as_str());
+        assert_eq!(
+            payment.status, "succeeded",
+            "the intent won, and was resolved"
+        );
+        assert_eq!(payment.charge_id.as_deref(), charge["id"].as_str());
     }
     assert!(
         charged > 0,
-        "no redriven order.created was charged while its cancellation committed: the race was not met"
+        "no redriven order.created wrote its intent before its cancellation's tombstone: the race was not met"
     );
 }

@@ -31,7 +31,7 @@ pub(super) fn check_its_answer(
     if let Fate::Cancelled(_) = story.fate {
         if refunded {
             findings.refunded += 1;
-        } else {
+        } else if order.refund_failure.is_none() {
             findings.voided += 1;
         }
     }

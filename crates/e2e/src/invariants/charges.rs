@@ -1,9 +1,11 @@
 //! The money, at the provider: the one effect no rollback of ours can undo. Per order:
 //! charged at most once, for its amount; each charge refunded at most once, in full,
 //! and only one that succeeded; charged minus refunded is the amount for a confirmed order and
-//! 0 for every cancelled one; the payment holds the provider's charge and refund, and the
-//! order the same refund; nothing charged after payment-service recorded the
-//! cancellation without its refund; and no charge for an order the saga never saw.
+//! 0 for every cancelled one, unless its refund failed *visibly* (the payment `failed` or
+//! `manual`, the order showing why); the payment holds the provider's charge and refund,
+//! and the order the same refund; no payment left undecided; nothing charged after
+//! payment-service recorded the cancellation without its refund; and no charge for an
+//! order the saga never saw.
 
 use std::collections::HashSet;
 
@@ -40,7 +42,15 @@ pub(super) fn check_money(
         Fate::Confirmed => order.amount_cents,
         Fate::Declined | Fate::Cancelled(_) => 0,
     };
-    if succeeded - refunded != wanted {
+    // A refund that failed stands charged, visibly: counted, not a violation, when the
+    // payment and the order both say so.
+    let failed_visibly = story.payment.is_some_and(|payment| {
+        matches!(payment.refund_status.as_deref(), Some("failed" | "manual"))
+            && payment.refund_id.is_none()
+    }) && order.refund_failure.is_some();
+    if failed_visibly && succeeded - refunded == order.amount_cents {
+        findings.refund_failed += 1;
+    } else if succeeded - refunded != wanted {
         findings.violate(format!(
             "order {id} is {} ({:?}) for {} cents: charged {succeeded} minus refunded {refunded} should be {wanted}",
             order.status, order.cancel_reason, order.amount_cents
@@ -130,6 +140,15 @@ fn check_the_payment_holds_the_money(
     let Some(payment) = story.payment else {
         return false;
     };
+    let undecided =
+        |state: Option<&str>| matches!(state, Some("charging" | "unknown" | "refunding"));
+    if undecided(Some(&payment.status)) || undecided(payment.refund_status.as_deref()) {
+        findings.violate(format!(
+            "order {id}: its payment is left undecided at rest: charge {}, refund {:?}",
+            payment.status, payment.refund_status
+        ));
+        tally.lost.insert(*id);
+    }
     let charge = charges
         .iter()
         .find(|c| payment.charge_id.as_deref() == Some(c.id.as_str()));
@@ -137,7 +156,7 @@ fn check_the_payment_holds_the_money(
         (Some(charge_id), None) => findings.violate(format!(
             "order {id}: its payment records charge {charge_id}, which the provider did not make for it"
         )),
-        (None, _) if payment.status != "voided" => {
+        (None, _) if payment.status != "voided" && payment.refund_status.as_deref() != Some("manual") => {
             findings.violate(format!(
                 "order {id}: its {} payment records no charge",
                 payment.status

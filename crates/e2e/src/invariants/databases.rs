@@ -14,6 +14,8 @@ pub(super) struct Order {
     pub(super) settled: bool,
     /// The refund payment-service reported for it.
     pub(super) refund_id: Option<String>,
+    /// Why its refund failed, as payment-service reported it.
+    pub(super) refund_failure: Option<String>,
 }
 
 pub(super) struct OutboxRow {
@@ -25,11 +27,17 @@ pub(super) struct OutboxRow {
 /// payment-service's payment row: a charge's outcome, or a cancellation's tombstone.
 pub(super) struct Payment {
     pub(super) event_id: String,
-    /// `succeeded`, `failed`, or `voided` (the tombstone).
+    /// `succeeded`, `failed`, or `voided` (the tombstone); `charging` or `unknown` while
+    /// its charge is undecided, which no payment may be at rest.
     pub(super) status: String,
     pub(super) amount_cents: i64,
     pub(super) charge_id: Option<String>,
     pub(super) refund_id: Option<String>,
+    /// `refunded`, `failed` or `manual` at rest; `refunding` or `unknown` while its
+    /// refund is undecided.
+    pub(super) refund_status: Option<String>,
+    /// Refund attempts made: each failed one announced `payment.refund_failed`.
+    pub(super) refund_attempt: i32,
     /// Seconds since the epoch: PostgreSQL's clock, which the provider's shares.
     pub(super) created_at: f64,
 }
@@ -115,7 +123,8 @@ async fn read_orders(stack: &Stack) -> HashMap<Uuid, Order> {
     rows(
         stack,
         crate::ORDER_SERVICE,
-        "SELECT id, status, amount_cents, cancel_reason, settled_at IS NOT NULL, refund_id
+        "SELECT id, status, amount_cents, cancel_reason, settled_at IS NOT NULL, refund_id,
+                refund_failure
            FROM orders",
     )
     .await
@@ -129,6 +138,7 @@ async fn read_orders(stack: &Stack) -> HashMap<Uuid, Order> {
                 cancel_reason: r.get(3),
                 settled: r.get(4),
                 refund_id: r.get(5),
+                refund_failure: r.get(6),
             },
         )
     })
@@ -141,7 +151,7 @@ async fn read_payments(stack: &Stack) -> HashMap<Uuid, Vec<Payment>> {
         stack,
         crate::PAYMENT_SERVICE,
         "SELECT order_id, event_id, status, amount_cents, charge_id, refund_id,
-                extract(epoch FROM created_at)::float8
+                extract(epoch FROM created_at)::float8, refund_status, refund_attempt
            FROM payments",
     )
     .await
@@ -153,6 +163,8 @@ async fn read_payments(stack: &Stack) -> HashMap<Uuid, Vec<Payment>> {
             charge_id: r.get(4),
             refund_id: r.get(5),
             created_at: r.get(6),
+            refund_status: r.get(7),
+            refund_attempt: r.get(8),
         });
     }
     payments

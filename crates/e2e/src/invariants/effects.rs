@@ -28,7 +28,9 @@ const HALF_APPLIED: [(&str, &str, &str); 11] = [
         "SELECT p.event_id FROM processed_events p WHERE NOT EXISTS (SELECT 1 FROM orders o
           WHERE (p.event_id = o.id::text || ':payment' AND o.status <> 'pending')
              OR (p.event_id = o.id::text || ':refund' AND o.settled_at IS NOT NULL)
-             OR (p.event_id LIKE o.id::text || ':%:voided' AND o.settled_at IS NOT NULL))",
+             OR (p.event_id LIKE o.id::text || ':%:voided' AND o.settled_at IS NOT NULL)
+             OR (p.event_id LIKE o.id::text || ':refund\\_failed:%'
+                 AND o.settled_at IS NOT NULL AND o.refund_failure IS NOT NULL))",
     ),
     (
         crate::ORDER_SERVICE,
@@ -40,8 +42,9 @@ const HALF_APPLIED: [(&str, &str, &str); 11] = [
     ),
     (
         crate::PAYMENT_SERVICE,
-        "charge without its result outbox row",
-        "SELECT p.event_id FROM payments p WHERE p.status <> 'voided' AND NOT EXISTS
+        "decided charge without its result outbox row",
+        "SELECT p.event_id FROM payments p
+          WHERE p.status NOT IN ('voided', 'charging', 'unknown') AND NOT EXISTS
           (SELECT 1 FROM outbox x WHERE x.event_id = p.event_id || ':payment')",
     ),
     (
@@ -50,7 +53,11 @@ const HALF_APPLIED: [(&str, &str, &str); 11] = [
         "SELECT coalesce(e.event_id, p.event_id) FROM processed_events e
            FULL JOIN payments p ON p.event_id = e.event_id
           WHERE (e.event_id IS NULL OR p.event_id IS NULL)
-            AND coalesce(e.event_id, p.event_id) NOT LIKE '%:%'",
+            AND coalesce(e.event_id, p.event_id) NOT LIKE '%:%'
+            -- A charge's intent is written before its event is applied, and a
+            -- cancellation may decide it (answered) before its event ever is.
+            AND NOT (e.event_id IS NULL
+                     AND (p.status IN ('charging', 'unknown') OR p.answered_at IS NOT NULL))",
     ),
     (
         crate::PAYMENT_SERVICE,
@@ -62,7 +69,9 @@ const HALF_APPLIED: [(&str, &str, &str); 11] = [
                  AND x.key = p.order_id::text)
              OR (x.type = 'payment.voided' AND x.key = p.order_id::text
                  AND EXISTS (SELECT 1 FROM processed_events e
-                              WHERE x.event_id = e.event_id || ':voided')))",
+                              WHERE x.event_id = e.event_id || ':voided'))
+             OR (x.type = 'payment.refund_failed' AND x.key = p.order_id::text
+                 AND p.refund_attempt >= 1 AND p.answered_at IS NOT NULL))",
     ),
     (
         crate::PAYMENT_SERVICE,

@@ -365,10 +365,25 @@ fn check_its_payment_events(
             need: Need::One,
         });
     }
+    // Each refund attempt that failed was announced, the last only if it is the one
+    // standing (a retry after it may have refunded).
+    let failed_attempts = match payment.refund_status.as_deref() {
+        Some("failed" | "manual") => payment.refund_attempt.max(1),
+        _ => payment.refund_attempt - 1,
+    };
+    for attempt in 1..=failed_attempts {
+        wanted.push(Wanted {
+            event_id: refund_failed_id(*id, attempt),
+            event_type: PAYMENT_REFUND_FAILED,
+            need: Need::One,
+        });
+    }
+    let answered_failed = matches!(payment.refund_status.as_deref(), Some("failed" | "manual"));
     if let Some(cancellation) = &story.cancellation {
-        // A tombstone's cancellation was answered `voided` before a charge made meanwhile
-        // landed and was refunded on it: both answers then stand.
-        let need = match (refunded, payment.status.as_str()) {
+        // A tombstone's cancellation (from before charges had intents) was answered
+        // `voided` before a charge made meanwhile landed and was refunded on it: both
+        // answers then stand.
+        let need = match (refunded || answered_failed, payment.status.as_str()) {
             (false, _) => Some(Need::One),
             (true, "voided") => Some(Need::AtMostOne),
             (true, _) => None,

@@ -22,8 +22,8 @@ impl Findings {
             self.orders, self.confirmed, self.cancelled, self.pending
         ));
         out.push_str(&format!(
-            "money      {} charges, {} refunds; {} orders cancelled by the customer or the deadline: {} refunded, {} voided (nothing charged, or declined)\n",
-            self.charges, self.refunds, self.cancellations, self.refunded, self.voided
+            "money      {} charges, {} refunds; {} orders cancelled by the customer or the deadline: {} refunded, {} refund failed (visibly), {} voided (nothing charged, or declined)\n",
+            self.charges, self.refunds, self.cancellations, self.refunded, self.refund_failed, self.voided
         ));
         for g in &self.groups {
             out.push_str(&format!(
