@@ -10,9 +10,14 @@
 //!   while other partitions proceed. This is what makes storing "offset N done" safe:
 //!   every record before N in that partition is done too. A partition whose channel is
 //!   full is paused, never waited for, so a backlog on one does not hold up the others.
-//! - **Rebalances lose nothing.** librdkafka commits the stored offsets of revoked
-//!   partitions; a record still in a worker's hands when its partition moves is
-//!   redelivered to the new owner (and deduplicated there).
+//! - **A revoked partition is let go.** Partitions move with the cooperative-sticky
+//!   assignor, only those that change owner. Before librdkafka unassigns one, its work
+//!   stops ([`ownership`]): no record of it is dispatched again, the record in hand and
+//!   the calls prepared ahead are abandoned at their next `.await`, so this consumer makes
+//!   no call and no write for the partition after the revoke; then librdkafka commits the
+//!   offsets its finished records stored (nothing for an assignment lost). A record
+//!   abandoned is redelivered to the new owner, whose guards and keyed calls make the
+//!   repeat harmless.
 //! - **Nothing is skipped.** A transient failure (database down) is retried with backoff
 //!   for as long as it lasts. A record that can never be processed goes to the group's
 //!   dead-letter topic with the reason in its headers, and the partition moves on.
@@ -35,6 +40,7 @@ mod dead_letters;
 mod dispatch;
 mod fetch;
 mod offsets;
+mod ownership;
 
 use std::sync::Arc;
 
@@ -50,6 +56,7 @@ use crate::handler::{Applier, Handler};
 use crate::metrics;
 use dispatch::PartitionWorker;
 use fetch::{ErrorLog, Lanes};
+use ownership::Ownership;
 
 /// Records buffered per partition ahead of its worker (about 1 KiB each).
 const PARTITION_QUEUE: usize = 1024;
@@ -108,7 +115,8 @@ pub async fn run<H: Handler>(
     dead_letters: FutureProducer,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let consumer = fetch::connect(&settings)?;
+    let ownership = Arc::new(Ownership::default());
+    let consumer = fetch::connect(&settings, ownership.clone())?;
     consumer.subscribe(&[&settings.topic])?;
     let workers = TaskTracker::new();
     let worker = Arc::new(PartitionWorker {
@@ -121,14 +129,14 @@ pub async fn run<H: Handler>(
     });
     tracing::info!(topic = %settings.topic, group = %settings.group_id, "consumer started");
 
-    let mut lanes = Lanes::new(consumer.clone(), &settings.topic);
+    let mut lanes = Lanes::new(consumer.clone(), &settings.topic, ownership);
     let mut errors = ErrorLog::default();
     loop {
         let received = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some((partition, open)) = lanes.room.next(), if !lanes.room.is_empty() => {
-                if !open || !lanes.refill(partition) {
+            Some(room) = lanes.room.next(), if !lanes.room.is_empty() => {
+                if !lanes.refill(&room) {
                     break;
                 }
                 continue;
@@ -153,9 +161,9 @@ pub async fn run<H: Handler>(
                 continue;
             }
         };
-        let handed = lanes.hand(message, || {
+        let handed = lanes.hand(message, |owned| {
             let (tx, rx) = mpsc::channel(PARTITION_QUEUE);
-            workers.spawn(worker.clone().run(rx));
+            workers.spawn(owned.task(worker.clone().run(rx, owned.clone())));
             tx
         });
         if !handed {

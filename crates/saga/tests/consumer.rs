@@ -7,6 +7,8 @@ mod batches;
 mod failures;
 #[path = "consumer/order.rs"]
 mod order;
+#[path = "consumer/rebalance.rs"]
+mod rebalance;
 #[path = "consumer/recorder.rs"]
 mod recorder;
 #[path = "consumer/run.rs"]

@@ -5,7 +5,7 @@ use super::LOG_TARGET;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ::metrics::{counter, histogram};
 use rdkafka::message::{Message, OwnedMessage};
@@ -18,6 +18,7 @@ use tracing::{Instrument, Span};
 
 use super::dead_letters::Failure;
 use super::fetch::SagaConsumer;
+use super::ownership::Owned;
 use super::{ConsumerSettings, LOOK_AHEAD};
 use crate::backoff;
 use crate::envelope::Envelope;
@@ -95,8 +96,9 @@ pub(super) struct PartitionWorker<H> {
 /// looked at ahead, or is no event at all (dead-lettered when its turn comes).
 type Ahead<P> = Option<Prepare<P>>;
 
-/// The task preparing a record ahead: the record as an event, and what its prepare gave.
-type Prepare<P> = tokio::task::JoinHandle<(Envelope, Result<Step<P>, HandlerError>)>;
+/// The task preparing a record ahead: the record as an event, and what its prepare gave
+/// (`None` if its partition was revoked first).
+type Prepare<P> = tokio::task::JoinHandle<Option<(Envelope, Result<Step<P>, HandlerError>)>>;
 
 /// A record taken from its partition's queue: its spans, and its prepare if begun.
 struct Taken<P> {
@@ -105,11 +107,11 @@ struct Taken<P> {
     ahead: Ahead<P>,
 }
 
-/// What a prepare begun ahead came to; `None` if the runtime is going down. A panic in
-/// it goes on as if it had happened here, in the worker.
+/// What a prepare begun ahead came to; `None` if the runtime is going down or the
+/// partition was revoked. A panic in it goes on as if it had happened here, in the worker.
 async fn joined<P>(task: Prepare<P>) -> Option<(Envelope, Result<Step<P>, HandlerError>)> {
     match task.await {
-        Ok(prepared) => Some(prepared),
+        Ok(prepared) => prepared,
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
         Err(_) => None,
     }
@@ -141,7 +143,14 @@ impl<H: Handler> PartitionWorker<H> {
     /// it, and its own transaction checks both guards again, with locks. A prepared record
     /// abandoned on stopping is redelivered and prepared again, which a prepare must bear
     /// anyway.
-    pub(super) async fn run(self: Arc<Self>, mut queue: mpsc::Receiver<OwnedMessage>) {
+    ///
+    /// It runs as one of `owned`'s tasks, as do its prepares: a revoke of the partition
+    /// drops them all at their next `.await` ([`super::ownership`]).
+    pub(super) async fn run(
+        self: Arc<Self>,
+        mut queue: mpsc::Receiver<OwnedMessage>,
+        owned: Owned,
+    ) {
         let batch_size = self.settings.batch_size.max(1);
         let look_ahead = if batch_size > 1 {
             batch_size
@@ -150,26 +159,34 @@ impl<H: Handler> PartitionWorker<H> {
         };
         let mut ahead: VecDeque<Taken<H::Prepared>> = VecDeque::with_capacity(look_ahead);
         let mut batch: Vec<Taken<H::Prepared>> = Vec::with_capacity(batch_size);
+        // The partition's oldest unfinished record is the first of the batch in hand.
+        let mut partition = None;
         loop {
             // What was prepared ahead first, then what waits in the queue (never waiting
             // for more than one record).
             batch.extend(ahead.drain(..ahead.len().min(batch_size)));
             if batch.is_empty() {
+                if let Some(partition) = partition {
+                    metrics::record_in_hand(&self.settings.topic, partition, None);
+                }
                 match queue.recv().await {
                     // A record on its own is prepared in its turn, not ahead of it.
-                    Some(message) => batch.push(self.take(message, batch_size > 1)),
+                    Some(message) => batch.push(self.take(message, batch_size > 1, &owned)),
                     None => return,
                 }
             }
             while batch.len() < batch_size {
                 match queue.try_recv() {
-                    Ok(message) => batch.push(self.take(message, true)),
+                    Ok(message) => batch.push(self.take(message, true, &owned)),
                     Err(_) => break,
                 }
             }
             if self.shutdown.is_cancelled() {
                 return;
             }
+            let head = batch[0].message.partition();
+            partition = Some(head);
+            metrics::record_in_hand(&self.settings.topic, head, Some(SystemTime::now()));
             self.record_transaction_size(batch.len());
             let done = {
                 let applying = self.apply_taken(&mut batch);
@@ -180,7 +197,7 @@ impl<H: Handler> PartitionWorker<H> {
                         biased;
                         done = &mut applying => break done,
                         Some(following) = queue.recv(), if room => {
-                            ahead.push_back(self.take(following, true));
+                            ahead.push_back(self.take(following, true, &owned));
                         }
                     }
                 }
@@ -192,11 +209,12 @@ impl<H: Handler> PartitionWorker<H> {
         }
     }
 
-    /// Takes `message` in hand: its process span, and its prepare begun now if `ahead`.
-    fn take(&self, message: OwnedMessage, ahead: bool) -> Taken<H::Prepared> {
+    /// Takes `message` in hand: its process span, and its prepare begun now if `ahead`,
+    /// as one of `owned`'s tasks.
+    fn take(&self, message: OwnedMessage, ahead: bool, owned: &Owned) -> Taken<H::Prepared> {
         let spans = Spans::of(&message, &self.settings.group_id, &self.applier);
         let ahead = if ahead {
-            self.prepare_ahead(&message, &spans)
+            self.prepare_ahead(&message, &spans, owned)
         } else {
             None
         };
@@ -207,13 +225,18 @@ impl<H: Handler> PartitionWorker<H> {
         }
     }
 
-    fn prepare_ahead(&self, message: &OwnedMessage, spans: &Spans) -> Ahead<H::Prepared> {
+    fn prepare_ahead(
+        &self,
+        message: &OwnedMessage,
+        spans: &Spans,
+        owned: &Owned,
+    ) -> Ahead<H::Prepared> {
         let envelope = event_of(message, spans).ok()?;
         let applier = self.applier.clone();
-        Some(self.tasks.spawn(spans.around(async move {
+        Some(self.tasks.spawn(owned.task(spans.around(async move {
             let step = applier.prepare(&envelope).await;
             (envelope, step)
-        })))
+        }))))
     }
 
     /// Applies `batch`: in one transaction if it holds more than one record, and if that

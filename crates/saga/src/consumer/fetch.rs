@@ -18,6 +18,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tokio::sync::mpsc;
 
+use super::ownership::{Owned, Ownership, REVOKE_BOUND};
 use super::{ConsumerSettings, PARTITION_QUEUE};
 use crate::metrics;
 
@@ -47,11 +48,24 @@ const FETCH_WAIT_MS: &str = "100";
 /// blocking-pool thread waits for it.
 const WAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Logs rebalances and failed commits, which librdkafka otherwise reports to no one,
-/// turns its statistics into the consumer-lag gauges, and says when the consumer first
-/// joined its group (for the readiness probe, [`crate::probes`]).
+/// Takes partitions on and lets them go ([`Ownership`]), logs rebalances and failed
+/// commits, which librdkafka otherwise reports to no one, turns its statistics into the
+/// consumer-lag gauges, and says when the consumer first joined its group (for the
+/// readiness probe, [`crate::probes`]).
 pub(super) struct SagaConsumerContext {
     joined: Arc<std::sync::atomic::AtomicBool>,
+    topic: String,
+    ownership: Arc<Ownership>,
+}
+
+impl SagaConsumerContext {
+    /// The partitions of the consumer's topic in `tpl`.
+    fn of_topic(&self, tpl: &TopicPartitionList) -> Vec<i32> {
+        tpl.elements_for_topic(&self.topic)
+            .iter()
+            .map(|element| element.partition())
+            .collect()
+    }
 }
 
 impl ClientContext for SagaConsumerContext {
@@ -74,19 +88,50 @@ impl ClientContext for SagaConsumerContext {
 }
 
 impl ConsumerContext for SagaConsumerContext {
-    fn post_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(_) = rebalance {
+    fn post_rebalance(
+        &self,
+        consumer: &rdkafka::consumer::BaseConsumer<Self>,
+        rebalance: &Rebalance<'_>,
+    ) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            // A partition paused for a full queue when it was revoked must not stay paused
+            // once assigned back: its new queue is empty, and nothing else would resume it.
+            if let Err(error) = consumer.resume(tpl) {
+                tracing::debug!(target: LOG_TARGET, %error, "resuming the assigned partitions refused");
+            }
             crate::probes::joined(&self.joined);
         }
     }
 
-    fn pre_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    /// On a revoke, the partitions' work is stopped before librdkafka unassigns them and
+    /// commits what they stored ([`Ownership::revoke`]).
+    fn pre_rebalance(
+        &self,
+        consumer: &rdkafka::consumer::BaseConsumer<Self>,
+        rebalance: &Rebalance<'_>,
+    ) {
         match rebalance {
             Rebalance::Assign(tpl) => {
+                self.ownership.assign(&self.of_topic(tpl));
                 tracing::info!(target: LOG_TARGET, partitions = %partitions(tpl), "partitions assigned")
             }
             Rebalance::Revoke(tpl) => {
-                tracing::info!(target: LOG_TARGET, partitions = %partitions(tpl), "partitions revoked")
+                let revoked = self.of_topic(tpl);
+                let started = Instant::now();
+                let stopped = self.ownership.revoke(&revoked, REVOKE_BOUND);
+                for partition in &revoked {
+                    metrics::record_in_hand(&self.topic, *partition, None);
+                }
+                // Lost: the group went on without this member, and another may hold the
+                // partitions already; librdkafka commits nothing of them.
+                let lost = consumer.assignment_lost();
+                if stopped {
+                    tracing::info!(target: LOG_TARGET, partitions = %partitions(tpl), lost,
+                        stopped_in = ?started.elapsed(), "partitions revoked; their work stopped")
+                } else {
+                    tracing::warn!(target: LOG_TARGET, partitions = %partitions(tpl), lost, bound = ?REVOKE_BOUND,
+                        "partitions revoked; some of their work had not stopped within the bound")
+                }
             }
             Rebalance::Error(error) => {
                 tracing::warn!(target: LOG_TARGET, %error, "rebalance error")
@@ -106,6 +151,18 @@ impl ConsumerContext for SagaConsumerContext {
             }
         }
     }
+}
+
+/// The room of `lane`'s queue for `partition`, once it has enough to resume.
+fn room_in(partition: i32, lane: &Lane) -> BoxFuture<'static, Room> {
+    let (queue, generation) = (lane.queue.clone(), lane.generation);
+    Box::pin(async move {
+        Room {
+            partition,
+            generation,
+            open: queue.reserve_many(RESUME_ROOM).await.is_ok(),
+        }
+    })
 }
 
 /// Consumer errors are logged at most this often; the rest are counted.
@@ -143,8 +200,12 @@ fn partitions(tpl: &TopicPartitionList) -> String {
 
 pub(super) type SagaConsumer = StreamConsumer<SagaConsumerContext>;
 
-/// The client for `settings`, not yet subscribed.
-pub(super) fn connect(settings: &ConsumerSettings) -> KafkaResult<Arc<SagaConsumer>> {
+/// The client for `settings`, not yet subscribed, taking partitions on and letting them go
+/// through `ownership`.
+pub(super) fn connect(
+    settings: &ConsumerSettings,
+    ownership: Arc<Ownership>,
+) -> KafkaResult<Arc<SagaConsumer>> {
     Ok(Arc::new(
         crate::kafka::client_config(&settings.brokers)
             .set("group.id", &settings.group_id)
@@ -159,8 +220,14 @@ pub(super) fn connect(settings: &ConsumerSettings) -> KafkaResult<Arc<SagaConsum
             .set("fetch.wait.max.ms", FETCH_WAIT_MS)
             // For the consumer-lag gauges; a few microseconds' work each time.
             .set("statistics.interval.ms", "5000")
+            // A rebalance moves only the partitions that change owner; the others' work
+            // goes on. Every member of a group must use it (the eager and cooperative
+            // protocols do not mix).
+            .set("partition.assignment.strategy", "cooperative-sticky")
             .create_with_context(SagaConsumerContext {
                 joined: settings.joined.clone(),
+                topic: settings.topic.clone(),
+                ownership,
             })?,
     ))
 }
@@ -178,12 +245,25 @@ pub(super) fn connect(settings: &ConsumerSettings) -> KafkaResult<Arc<SagaConsum
 pub(super) struct Lanes {
     consumer: Arc<SagaConsumer>,
     topic: String,
+    ownership: Arc<Ownership>,
+    /// [`Ownership::changes`] when the lanes were last matched against it.
+    seen_changes: u64,
     lanes: HashMap<i32, Lane>,
-    /// One future per paused partition: its queue has room (false: its worker is gone).
-    pub(super) room: FuturesUnordered<BoxFuture<'static, (i32, bool)>>,
+    /// One future per paused partition: its queue has room (false: its worker is gone),
+    /// for the ownership (its generation) the queue was made for.
+    pub(super) room: FuturesUnordered<BoxFuture<'static, Room>>,
+}
+
+/// A paused partition's queue has room, or its worker is gone.
+pub(super) struct Room {
+    pub(super) partition: i32,
+    pub(super) generation: u64,
+    pub(super) open: bool,
 }
 
 struct Lane {
+    /// The ownership its worker works for.
+    generation: u64,
     queue: mpsc::Sender<OwnedMessage>,
     /// Received for this partition but not yet in its queue, in offset order; not empty
     /// exactly while the partition is paused.
@@ -191,25 +271,36 @@ struct Lane {
 }
 
 impl Lanes {
-    pub(super) fn new(consumer: Arc<SagaConsumer>, topic: &str) -> Self {
+    pub(super) fn new(consumer: Arc<SagaConsumer>, topic: &str, ownership: Arc<Ownership>) -> Self {
         Self {
             consumer,
             topic: topic.to_owned(),
+            seen_changes: ownership.changes(),
+            ownership,
             lanes: HashMap::new(),
             room: FuturesUnordered::new(),
         }
     }
 
-    /// Puts `message` in its partition's queue (made with `spawn` on its partition's first
-    /// record), or holds it back; false if the partition's worker is gone.
+    /// Puts `message` in its partition's queue (made with `spawn` for the partition's
+    /// ownership on its first record), or holds it back; false if the partition's worker
+    /// is gone while the partition is still owned. A record of a partition no longer
+    /// owned is dropped: its new owner reads it from the committed offset.
     pub(super) fn hand(
         &mut self,
         message: OwnedMessage,
-        spawn: impl FnOnce() -> mpsc::Sender<OwnedMessage>,
+        spawn: impl FnOnce(&Owned) -> mpsc::Sender<OwnedMessage>,
     ) -> bool {
+        self.forget_the_revoked();
         let partition = message.partition();
+        let Some(owned) = self.ownership.owned(partition) else {
+            tracing::debug!(target: LOG_TARGET, partition, offset = message.offset(),
+                "a record of a partition no longer owned: left to its owner");
+            return true;
+        };
         let lane = self.lanes.entry(partition).or_insert_with(|| Lane {
-            queue: spawn(),
+            generation: owned.generation,
+            queue: spawn(&owned),
             held: VecDeque::new(),
         });
         if !lane.held.is_empty() {
@@ -221,40 +312,62 @@ impl Lanes {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(message)) => {
                 lane.held.push_back(message);
-                let queue = lane.queue.clone();
-                self.room.push(Box::pin(async move {
-                    (partition, queue.reserve_many(RESUME_ROOM).await.is_ok())
-                }));
+                self.room.push(room_in(partition, lane));
                 self.set_paused(partition, true);
                 true
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Closed(_)) => self.ownership.owned(partition).is_none(),
         }
     }
 
-    /// Moves the records held back for `partition` into its queue, which has room now, and
-    /// resumes it; false if its worker is gone.
-    pub(super) fn refill(&mut self, partition: i32) -> bool {
-        let Some(lane) = self.lanes.get_mut(&partition) else {
+    /// Moves the records held back for a paused partition into its queue, which has room
+    /// now, and resumes it; false if its worker is gone while the partition is still
+    /// owned. A room for an ownership revoked meanwhile is nothing to act on.
+    pub(super) fn refill(&mut self, room: &Room) -> bool {
+        self.forget_the_revoked();
+        let partition = room.partition;
+        let Some(lane) = self
+            .lanes
+            .get_mut(&partition)
+            .filter(|lane| lane.generation == room.generation)
+        else {
             return true;
         };
+        if !room.open {
+            return self.ownership.owned(partition).is_none();
+        }
         while let Some(message) = lane.held.pop_front() {
             match lane.queue.try_send(message) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(message)) => {
                     lane.held.push_front(message);
-                    let queue = lane.queue.clone();
-                    self.room.push(Box::pin(async move {
-                        (partition, queue.reserve_many(RESUME_ROOM).await.is_ok())
-                    }));
+                    self.room.push(room_in(partition, lane));
                     return true;
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    return self.ownership.owned(partition).is_none();
+                }
             }
         }
         self.set_paused(partition, false);
         self.wake_fetcher(partition);
         true
+    }
+
+    /// Drops the queues (and the records held back) of partitions revoked since last
+    /// looked: their workers are gone, and a partition assigned back gets a new queue.
+    fn forget_the_revoked(&mut self) {
+        let changes = self.ownership.changes();
+        if changes == self.seen_changes {
+            return;
+        }
+        self.seen_changes = changes;
+        let ownership = &self.ownership;
+        self.lanes.retain(|partition, lane| {
+            ownership
+                .owned(*partition)
+                .is_some_and(|owned| owned.generation == lane.generation)
+        });
     }
 
     /// Makes librdkafka fetch `partition` now that it is resumed, not up to a second later;
