@@ -57,6 +57,12 @@ pub const DEAD_LETTERS: &str = "saga_dead_letters_total";
 /// Records the broker has not yet given this consumer group, per partition the service
 /// holds (0 for one it does not), from librdkafka's statistics.
 pub const CONSUMER_LAG: &str = "saga_consumer_lag_records";
+/// When the record a partition's worker has in hand (the partition's oldest unfinished
+/// one) came to it, in seconds since the epoch, per partition; 0 while it has none.
+/// `time() - x` is how long it has waited: a record retried for ever, with its partition
+/// stuck behind it, grows it without bound (an alert rule watches it), while the lag may
+/// stand still.
+pub const RECORD_IN_HAND_SINCE: &str = "saga_consumer_record_in_hand_since_seconds";
 /// Outbox rows acknowledged by the broker, by topic.
 pub const OUTBOX_PUBLISHED: &str = "saga_outbox_published_total";
 /// Times the relay's session broke (database or broker trouble) and was started again.
@@ -98,6 +104,19 @@ pub const REFUNDS: &str = "saga_refunds_total";
 /// Refund calls a fault was applied to, by `kind` (`unavailable`, `slow`,
 /// `lose_response`).
 pub const REFUND_FAULTS: &str = "saga_refund_faults_total";
+/// payment-service's payments not at rest, by `state`: `charge_unknown` (a charge asked
+/// for whose answer is not known: its intent, or a call with no answer), `refund_unknown`
+/// (the same, for a refund), `refund_failed` (the provider refused it; an operator's retry
+/// is next), `refund_manual` (no refund can be asked for: a person must settle it). A
+/// gauge of the whole database: see [`shared_gauge`].
+pub const PAYMENTS_UNSETTLED: &str = "saga_payments_unsettled";
+/// How long the oldest payment in each of [`PAYMENTS_UNSETTLED`]'s states has been in it,
+/// in seconds (0 when none is). An unknown charge must be resolved well before the
+/// provider forgets its key ([`PROVIDER_KEY_TTL`]); an alert rule compares the two.
+pub const PAYMENTS_UNSETTLED_OLDEST_AGE: &str = "saga_payments_unsettled_oldest_age_seconds";
+/// How long the card provider keeps an idempotency key, as payment-service is told
+/// (`PROVIDER_KEY_TTL`): past it, a charge's replay could charge again.
+pub const PROVIDER_KEY_TTL: &str = "saga_provider_key_ttl_seconds";
 /// order-service's orders not settled (pending, or cancelled and not yet answered by
 /// payment-service), as admission control last counted them. A gauge of the whole
 /// database, like the outbox's: see [`shared_gauge`].
@@ -178,6 +197,11 @@ fn describe() {
         Unit::Count,
         "Records on a partition the group has not committed (0 where another instance holds it)"
     );
+    describe_gauge!(
+        RECORD_IN_HAND_SINCE,
+        Unit::Seconds,
+        "When the record a partition's worker has in hand came to it (epoch seconds; 0: none)"
+    );
     describe_counter!(OUTBOX_PUBLISHED, "Outbox rows the broker acknowledged");
     describe_counter!(
         OUTBOX_INTERRUPTIONS,
@@ -193,6 +217,12 @@ fn describe() {
         Unit::Seconds,
         "Age of the oldest unpublished outbox row; reported by the copy publishing them, 0 in the others"
     );
+    describe_http_and_provider();
+    describe_orders();
+}
+
+fn describe_http_and_provider() {
+    use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(HTTP_REQUESTS, "HTTP requests answered");
     describe_histogram!(
         HTTP_DURATION,
@@ -221,6 +251,25 @@ fn describe() {
     describe_counter!(REFUND_REQUESTS, "Refund requests the provider received");
     describe_counter!(REFUNDS, "Refunds the provider made (replays make none)");
     describe_counter!(REFUND_FAULTS, "Refund requests a fault was applied to");
+    describe_gauge!(
+        PAYMENTS_UNSETTLED,
+        Unit::Count,
+        "Payments not at rest, by state: charge_unknown, refund_unknown, refund_failed, refund_manual; reported by the copy publishing the outbox, 0 in the others"
+    );
+    describe_gauge!(
+        PAYMENTS_UNSETTLED_OLDEST_AGE,
+        Unit::Seconds,
+        "How long the oldest payment in each unsettled state has been so; as the count"
+    );
+    describe_gauge!(
+        PROVIDER_KEY_TTL,
+        Unit::Seconds,
+        "How long the card provider keeps an idempotency key (PROVIDER_KEY_TTL)"
+    );
+}
+
+fn describe_orders() {
+    use ::metrics::{Unit, describe_gauge};
     describe_gauge!(
         ORDERS_IN_FLIGHT,
         Unit::Count,
@@ -284,6 +333,16 @@ async fn read_outbox(pool: &Pool, relay: &LocalRelay) -> anyhow::Result<()> {
     gauge!(OUTBOX_UNPUBLISHED).set(row.get::<_, i64>(0) as f64);
     gauge!(OUTBOX_OLDEST_AGE).set(row.get::<_, f64>(1));
     Ok(())
+}
+
+/// Sets [`RECORD_IN_HAND_SINCE`] for `partition` of `topic`: `since` the record in hand
+/// came to its worker, or `None` when it has none.
+pub fn record_in_hand(topic: &str, partition: i32, since: Option<std::time::SystemTime>) {
+    let seconds = since
+        .and_then(|since| since.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |since| since.as_secs_f64());
+    gauge!(RECORD_IN_HAND_SINCE, "topic" => topic.to_owned(), "partition" => partition.to_string())
+        .set(seconds);
 }
 
 /// Middleware counting and timing every request by its route's pattern (`/v1/orders/{id}`),
