@@ -90,7 +90,7 @@ impl Handler for ChargeOrder {
         order: OrderCreated,
     ) -> Result<Step<Charge>, HandlerError> {
         let client = pool.get().await?;
-        let key = match intend(&client, event, &order).await? {
+        let key = match intend(&client, event, &order, self.provider.key_ttl).await? {
             Intent::Duplicate => return Ok(Step::Done(Outcome::Duplicate)),
             Intent::NotOurs => return Ok(Step::Apply(Charge::AlreadyCharged)),
             Intent::Ours { key } => key,
@@ -160,13 +160,20 @@ pub const INTENT_TO_CHARGE: &str = "
         RETURNING 1
     )
     SELECT seen.seen, EXISTS (SELECT 1 FROM intent) AS intended,
-           p.event_id, p.status, p.charge_key
+           p.event_id, p.status, p.charge_key,
+           greatest(extract(epoch FROM now() - p.created_at), 0)::float8 AS age
       FROM seen LEFT JOIN payments p ON p.order_id = $2";
 
+/// The intent this event may follow with a call. An undecided intent of its own older
+/// than the provider's key lifetime (`key_ttl`) is not asked again: the provider may have
+/// forgotten the key, and the same request could charge a second time. The event is
+/// rejected, the payment left `unknown` and escalated, for the order's cancellation (its
+/// deadline's, if no one else's) to leave it to a person.
 async fn intend(
     client: &deadpool_postgres::Client,
     event: &Envelope,
     order: &OrderCreated,
+    key_ttl: std::time::Duration,
 ) -> Result<Intent, HandlerError> {
     let key = charge_key(order.order_id);
     let row = client
@@ -183,7 +190,14 @@ async fn intend(
     }
     let ours = row.get::<_, Option<&str>>("event_id") == Some(event.id.as_str());
     let status = row.get::<_, Option<&str>>("status").map(ChargeState::parse);
+    let age = row.get::<_, Option<f64>>("age").unwrap_or_default();
     Ok(match status {
+        Some(state) if ours && state.undecided() && age >= key_ttl.as_secs_f64() => {
+            return Err(HandlerError::rejected(format!(
+                "order {}: its charge has had no answer for {age:.0} s, past the provider's key lifetime (PROVIDER_KEY_TTL {key_ttl:?}): asking again could charge twice",
+                order.order_id
+            )));
+        }
         Some(state) if ours && state.undecided() => Intent::Ours {
             key: row.get::<_, Option<String>>("charge_key").unwrap_or(key),
         },

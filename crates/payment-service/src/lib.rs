@@ -15,6 +15,8 @@
 //! - [`refund`]: a refund's intent, call and recording, shared by the cancellation and
 //!   [`retry_refund`], an operator's retry of a refused refund (`POST
 //!   /admin/refunds/{order_id}/retry`).
+//! - [`settlement`]: the payments not at rest, counted for the metrics and escalated
+//!   before the provider forgets an undecided charge's key.
 //! - [`provider`]: the HTTP client of the provider (payment-provider, or any service
 //!   with its API), and what each of its answers means.
 
@@ -24,6 +26,7 @@ pub mod provider;
 pub mod refund;
 pub mod refund_order;
 pub mod retry_refund;
+pub mod settlement;
 
 use std::net::SocketAddr;
 
@@ -94,8 +97,17 @@ impl Application {
         self.service.local_addr()
     }
 
-    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run_until_stopped(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let topics = self.service.topics();
+        self.service.run_also(
+            "settlement watch",
+            settlement::watch(
+                self.service.pool.clone(),
+                self.service.relay.clone(),
+                self.provider.key_ttl,
+                shutdown.clone(),
+            ),
+        );
         let retry = retry_refund::router(
             self.service.pool.clone(),
             topics.clone(),

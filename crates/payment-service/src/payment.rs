@@ -15,6 +15,8 @@
 //! answer, never because a list of the order's charges came back without it: such a list
 //! is not read-after-write, and a charge still committing at the provider is not in it.
 
+use std::time::Duration;
+
 use deadpool_postgres::Client;
 use saga::events::{self, PaymentResult};
 use saga::outbox::{self, NewEvent};
@@ -95,12 +97,16 @@ pub struct Payment {
     pub refund_id: Option<String>,
     /// Whether its order's cancellation was answered.
     pub answered: bool,
+    /// How long ago the payment was written: for an undecided charge, how long ago its
+    /// intent named its key.
+    pub age: Duration,
 }
 
 /// The columns [`Payment::from_row`] reads.
 pub const PAYMENT_COLUMNS: &str = "order_id, event_id, status, amount_cents, charge_id, \
      charge_key, refund_status, refund_key, refund_attempt, refund_id, \
-     answered_at IS NOT NULL AS answered";
+     answered_at IS NOT NULL AS answered, \
+     greatest(extract(epoch FROM now() - created_at), 0)::float8 AS age";
 
 fn select_payment(lock: &str) -> String {
     format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE order_id = $1{lock}")
@@ -120,6 +126,7 @@ impl Payment {
             refund_attempt: row.get("refund_attempt"),
             refund_id: row.get("refund_id"),
             answered: row.get("answered"),
+            age: Duration::from_secs_f64(row.get("age")),
         }
     }
 
@@ -143,6 +150,12 @@ impl Payment {
             )
             .await?;
         Ok(row.as_ref().map(Self::from_row))
+    }
+
+    /// Whether its undecided charge may still be asked for again under its key: the
+    /// provider keeps a key `key_ttl`, and past it the same request could charge again.
+    pub fn key_alive(&self, key_ttl: Duration) -> bool {
+        self.age < key_ttl
     }
 
     /// The key its charge was asked for under, or is to be asked again under.

@@ -40,6 +40,14 @@ pub struct ProviderConfig {
     #[arg(long, env = "PROVIDER_TIMEOUT", default_value = "5s",
           value_parser = humantime::parse_duration)]
     pub provider_timeout: Duration,
+
+    /// How long the provider keeps an idempotency key and its answer (Stripe: 24 h). A
+    /// charge whose answer is still unknown is asked again under its key only within it
+    /// (past it, asking could charge again: the charge is left to a person), and one
+    /// unknown for half of it is escalated.
+    #[arg(long, env = "PROVIDER_KEY_TTL", default_value = "24h",
+          value_parser = humantime::parse_duration)]
+    pub provider_key_ttl: Duration,
 }
 
 /// What the merchant asks for.
@@ -73,6 +81,8 @@ pub struct Provider {
     http: reqwest::Client,
     charges_url: String,
     refunds_url: String,
+    /// `PROVIDER_KEY_TTL`.
+    pub key_ttl: Duration,
 }
 
 impl Provider {
@@ -86,6 +96,7 @@ impl Provider {
             http,
             charges_url: format!("{base}/v1/charges"),
             refunds_url: format!("{base}/v1/refunds"),
+            key_ttl: config.provider_key_ttl,
         })
     }
 

@@ -235,6 +235,13 @@ impl RefundOrder {
         client: &deadpool_postgres::Client,
         payment: &Payment,
     ) -> Result<Resolved, HandlerError> {
+        if !payment.key_alive(self.provider.key_ttl) {
+            return Ok(Resolved::Undecidable(format!(
+                "no answer for {:.0} s, past the provider's key lifetime (PROVIDER_KEY_TTL {:?}): asking again could charge twice",
+                payment.age.as_secs_f64(),
+                self.provider.key_ttl
+            )));
+        }
         if failpoint::fires(failpoint::LIST_DECIDES) {
             return Ok(
                 match standing_at_provider(&self.provider, payment.order_id).await? {

@@ -235,3 +235,46 @@ async fn a_charge_that_commits_after_its_caller_gave_up_is_resolved_by_its_key_a
         );
     }
 }
+
+/// A charge whose answer was never learnt, and whose intent is older than the provider's
+/// key lifetime: asked again, the provider might have forgotten the key and charge a
+/// second time. Neither its redelivered `order.created` nor its cancellation asks; the
+/// cancellation leaves it to a person, with why.
+#[tokio::test]
+async fn a_charge_unknown_past_the_key_lifetime_is_never_asked_again_and_is_left_to_a_person() {
+    let f = fixture().await;
+    let handler = f.handler();
+    let order_id = Uuid::new_v4();
+    f.db.client()
+        .await
+        .execute(
+            "INSERT INTO payments (order_id, event_id, status, amount_cents, charge_key, created_at)
+             VALUES ($1, $2, 'unknown', 2598, $3, now() - interval '2 days')",
+            &[&order_id, &order_id.to_string(), &format!("{order_id}:charge")],
+        )
+        .await
+        .unwrap();
+
+    let refused = handler.apply(&created(order_id, 2598)).await.unwrap_err();
+    assert!(matches!(refused, HandlerError::Rejected(_)), "{refused}");
+    assert!(
+        refused.to_string().contains("PROVIDER_KEY_TTL"),
+        "{refused}"
+    );
+    let answered = handler.apply(&cancelled(order_id, 2598)).await;
+
+    assert_eq!(answered.unwrap(), Outcome::Applied);
+    let (status, reason, _) = f.refund(order_id).await;
+    assert_eq!(status.as_deref(), Some("manual"));
+    assert!(reason.unwrap().contains("key lifetime"));
+    assert_eq!(
+        f.payment(order_id).await.unwrap().0,
+        "unknown",
+        "still undecided"
+    );
+    assert_eq!(
+        f.provider.admin.stats().await["calls"],
+        0,
+        "nothing was asked"
+    );
+}
