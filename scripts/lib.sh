@@ -158,6 +158,15 @@ require_command() {
   command -v "$cmd" >/dev/null 2>&1 || die "'$cmd' not found on PATH: $hint"
 }
 
+# Debian's promtool (in its prometheus package), for scripts/check-alerts and
+# `scripts/up --with-prometheus`: installed once.
+ensure_promtool() {
+  command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 && return 0
+  log "installing Debian's prometheus package (prometheus and promtool)"
+  apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >&2
+}
+
 # Debian's chromium and its WebDriver, for the test that opens sagactl's page in
 # a browser: installed once, never downloaded by the test itself.
 ensure_browser() {

@@ -26,6 +26,17 @@ fn prometheus_scrapes_every_service_on_its_native_port_labelled_by_name() {
         "prometheus must read {PROMETHEUS_CONFIG} where the image looks for its configuration"
     );
     let config = load_yaml(PROMETHEUS_CONFIG);
+    // The alert rules beside it, where its `rule_files` looks (relative to the file).
+    let rules = strings(config.at(&["rule_files"]));
+    for rule_file in &rules {
+        assert!(
+            strings(prometheus.at(&["volumes"])).contains(&format!(
+                "./deploy/prometheus/{rule_file}:/etc/prometheus/{rule_file}:ro"
+            )),
+            "prometheus must read deploy/prometheus/{rule_file} beside its configuration"
+        );
+    }
+    assert_eq!(rules, ["rules.yml"], "the shipped alert rules are loaded");
     let jobs = config
         .at(&["scrape_configs"])
         .as_sequence()
