@@ -23,11 +23,23 @@ enum Act {
     Applied,
 }
 
+/// Who (a consumer's name) did what for which partition's event, and when.
+#[derive(Debug, Clone)]
+struct Done {
+    who: &'static str,
+    partition: i32,
+    event_id: String,
+    act: Act,
+    at: Instant,
+}
+
+type Acts = Arc<Mutex<Vec<Done>>>;
+
 /// A handler whose prepare is a slow call, and which writes down who did what when.
 #[derive(Clone)]
 struct Caller {
     who: &'static str,
-    acts: Arc<Mutex<Vec<(&'static str, i32, String, Act, Instant)>>>,
+    acts: Acts,
 }
 
 /// How long each call takes: long enough that a revoke finds calls in flight.
@@ -36,13 +48,13 @@ const CALL: Duration = Duration::from_millis(200);
 impl Caller {
     fn act(&self, event: &Envelope, act: Act) {
         let partition = event.delivery.partition.expect("a record's partition");
-        self.acts.lock().unwrap().push((
-            self.who,
+        self.acts.lock().unwrap().push(Done {
+            who: self.who,
             partition,
-            event.id.clone(),
+            event_id: event.id.clone(),
             act,
-            Instant::now(),
-        ));
+            at: Instant::now(),
+        });
     }
 }
 
@@ -93,7 +105,7 @@ const BACKLOG: usize = 200;
 async fn a_revoked_partition_gets_no_call_and_no_write_from_its_old_owner_after_the_revoke() {
     let kafka = Arc::new(TestKafka::new().await);
     let db = database().await;
-    let acts = Arc::default();
+    let acts = Acts::default();
     let start = |who| {
         let shutdown = CancellationToken::new();
         let caller = Caller {
@@ -108,53 +120,33 @@ async fn a_revoked_partition_gets_no_call_and_no_write_from_its_old_owner_after_
         ));
         (shutdown, task)
     };
-    // A backlog on every partition, then records keep coming until the second consumer
-    // has some.
     let producing = CancellationToken::new();
-    let producer = {
-        let (kafka, producing) = (kafka.clone(), producing.clone());
-        tokio::spawn(async move {
-            let mut produced = Vec::new();
-            for n in 0.. {
-                if producing.is_cancelled() && n >= MIN_PER_PARTITION {
-                    break;
-                }
-                for partition in 0..3 {
-                    let id = format!("p{partition}-{n}");
-                    kafka
-                        .produce_to(&kafka.topics.orders, Some(partition), None, &event(&id))
-                        .await;
-                    produced.push(id);
-                }
-                if n >= BACKLOG {
-                    tokio::time::sleep(CALL / 4).await;
-                }
-            }
-            produced
-        })
-    };
+    let producer = tokio::spawn(backlog_then_trickle(kafka.clone(), producing.clone()));
     let (stop_a, task_a) = start("a");
+    let acted = |who: &'static str, partitions: usize| {
+        let acts = &acts;
+        move || async move {
+            let of: HashSet<i32> = acts
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|d| d.who == who)
+                .map(|d| d.partition)
+                .collect();
+            (of.len() >= partitions).then_some(())
+        }
+    };
     eventually(
         WAIT,
         "the first consumer to call on every partition",
-        || async {
-            let partitions: HashSet<i32> = acts.lock().unwrap().iter().map(|a| a.1).collect();
-            (partitions.len() == 3).then_some(())
-        },
+        acted("a", 3),
     )
     .await;
-
     let (stop_b, task_b) = start("b");
     eventually(
         WAIT,
         "the second consumer to be given a partition",
-        || async {
-            acts.lock()
-                .unwrap()
-                .iter()
-                .any(|a| a.0 == "b")
-                .then_some(())
-        },
+        acted("b", 1),
     )
     .await;
     producing.cancel();
@@ -167,37 +159,12 @@ async fn a_revoked_partition_gets_no_call_and_no_write_from_its_old_owner_after_
             .then_some(())
     })
     .await;
-    stop_a.cancel();
-    stop_b.cancel();
-    task_a.await.unwrap().unwrap();
-    task_b.await.unwrap().unwrap();
-
-    let acts = acts.lock().unwrap().clone();
-    let mut moved = 0;
-    let mut abandoned = 0;
-    for partition in 0..3 {
-        let of = |who| acts.iter().filter(move |a| a.0 == who && a.1 == partition);
-        let Some(taken_over) = of("b").map(|a| a.4).min() else {
-            continue;
-        };
-        moved += 1;
-        let late: Vec<_> = of("a").filter(|a| a.4 >= taken_over).collect();
-        assert!(
-            late.is_empty(),
-            "partition {partition}: the old owner acted {} times after the new one began, first {:?}",
-            late.len(),
-            &late[..late.len().min(3)]
-        );
-        let calls: BTreeMap<&str, usize> =
-            of("a")
-                .filter(|a| a.3 != Act::Applied)
-                .fold(BTreeMap::new(), |mut n, a| {
-                    *n.entry(a.2.as_str()).or_default() += 1;
-                    n
-                });
-        abandoned += calls.values().filter(|n| **n == 1).count();
+    for (stop, task) in [(stop_a, task_a), (stop_b, task_b)] {
+        stop.cancel();
+        task.await.unwrap().unwrap();
     }
-    assert!(moved > 0, "no partition moved to the second consumer");
+
+    let abandoned = nothing_after_the_takeover(&acts.lock().unwrap());
     assert!(
         abandoned > 0,
         "no call was in flight on a moved partition at its revoke: the test met nothing"
@@ -216,4 +183,62 @@ async fn a_revoked_partition_gets_no_call_and_no_write_from_its_old_owner_after_
         .filter(|id| !applied.contains(*id))
         .collect();
     assert!(missing.is_empty(), "never applied: {missing:?}");
+}
+
+/// Produces [`BACKLOG`] records on every partition at once, then one a partition every
+/// quarter call until `producing` is cancelled (and [`MIN_PER_PARTITION`] at least);
+/// returns their ids.
+async fn backlog_then_trickle(kafka: Arc<TestKafka>, producing: CancellationToken) -> Vec<String> {
+    let mut produced = Vec::new();
+    for n in 0.. {
+        if producing.is_cancelled() && n >= MIN_PER_PARTITION {
+            break;
+        }
+        for partition in 0..3 {
+            let id = format!("p{partition}-{n}");
+            kafka
+                .produce_to(&kafka.topics.orders, Some(partition), None, &event(&id))
+                .await;
+            produced.push(id);
+        }
+        if n >= BACKLOG {
+            tokio::time::sleep(CALL / 4).await;
+        }
+    }
+    produced
+}
+
+/// For each partition the second consumer ("b") took over: nothing the first ("a") did
+/// for it is as late as b's first act. Returns how many of a's calls on those partitions
+/// were abandoned (begun, never answered).
+fn nothing_after_the_takeover(acts: &[Done]) -> usize {
+    let mut moved = 0;
+    let mut abandoned = 0;
+    for partition in 0..3 {
+        let of = |who| {
+            acts.iter()
+                .filter(move |d| d.who == who && d.partition == partition)
+        };
+        let Some(taken_over) = of("b").map(|d| d.at).min() else {
+            continue;
+        };
+        moved += 1;
+        let late: Vec<&Done> = of("a").filter(|d| d.at >= taken_over).collect();
+        assert!(
+            late.is_empty(),
+            "partition {partition}: the old owner acted {} times after the new one began, first {:?}",
+            late.len(),
+            &late[..late.len().min(3)]
+        );
+        let calls = of("a").filter(|d| d.act != Act::Applied).fold(
+            BTreeMap::<&str, usize>::new(),
+            |mut n, d| {
+                *n.entry(d.event_id.as_str()).or_default() += 1;
+                n
+            },
+        );
+        abandoned += calls.values().filter(|n| **n == 1).count();
+    }
+    assert!(moved > 0, "no partition moved to the second consumer");
+    abandoned
 }
