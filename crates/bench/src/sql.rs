@@ -13,7 +13,7 @@
 //! An order's cost is not only its transactions: ChargeOrder reads ahead before it calls
 //! the card provider (autocommitted, outside its transaction), and the provider commits a
 //! transaction of its own for every charge, in its own database on the same server. So the
-//! `charge` script runs the read-ahead before its `BEGIN`, and the provider's charge is a
+//! `charge` script runs the intent before its `BEGIN`, and the provider's charge is a
 //! transaction here like the handlers' (`provider`), part of every order's cost in the
 //! end-to-end ceiling and of ChargeOrder's own. `charge without call` is the transaction
 //! alone, the whole of ChargeOrder's SQL before the call, measured in the same run so that

@@ -12,7 +12,7 @@ const NOTIFY_OFF: &str = saga::outbox::SKIP_NOTIFY;
 /// A transaction's `script` as a consumer applies it in batches: `events` events in one
 /// transaction, each event's statements in turn with values of its own (each variable
 /// `\set` once per event, `r` becoming `r_1` … `r_16`), between one `BEGIN` and one
-/// `COMMIT`. What runs before the transaction (ChargeOrder's read-ahead) runs once per
+/// `COMMIT`. What runs before the transaction (ChargeOrder's intent) runs once per
 /// event, as the consumer prepares each; the statement that turns the outbox's NOTIFY
 /// off runs once, as it does for the first row of a transaction.
 pub fn batched(script: &str, events: u32) -> anyhow::Result<String> {

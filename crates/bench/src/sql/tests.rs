@@ -17,7 +17,7 @@ fn a_batched_script_applies_each_event_with_values_of_its_own_in_one_transaction
     println!("{batched}");
     assert_eq!(per_event(&batched, "BEGIN;"), 1);
     assert_eq!(per_event(&batched, "COMMIT;"), 1);
-    // The read-ahead once per event, before the transaction.
+    // The intent once per event, before the transaction.
     let read_ahead = "SELECT EXISTS";
     assert_eq!(per_event(&batched, read_ahead), 3);
     assert!(batched.rfind(read_ahead).unwrap() < batched.find("BEGIN;").unwrap());

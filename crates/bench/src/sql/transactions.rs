@@ -56,7 +56,7 @@ pub struct Transaction {
     pub function: &'static str,
     /// pgbench `\set` lines run before it (random ids).
     pub variables: Vec<String>,
-    /// What the handler runs before its transaction opens: ChargeOrder's read-ahead.
+    /// What the handler runs before its transaction opens: ChargeOrder's intent.
     pub ahead: Option<Ahead>,
     /// Statements of the function that this transaction does not run: those of another
     /// path through it (with a key or without, a replay).
