@@ -39,6 +39,8 @@ mod conflicting;
 mod crashes;
 #[path = "faults/outages.rs"]
 mod outages;
+#[path = "faults/pivot.rs"]
+mod pivot;
 #[path = "faults/poison.rs"]
 mod poison;
 #[path = "faults/replays.rs"]
