@@ -31,7 +31,7 @@ use saga::inbox;
 use saga::{Envelope, Handler, HandlerError, Outcome, Step, Topics, Transaction, failpoint};
 use uuid::Uuid;
 
-use crate::payment::{self, CURRENCY, ChargeState, charge_key};
+use crate::payment::{self, CURRENCY, ChargeState, Payment, charge_key};
 use crate::provider::{Answer, ChargeRequest, Provider};
 
 pub struct ChargeOrder {
@@ -110,9 +110,8 @@ impl Handler for ChargeOrder {
         let answer = match self.provider.charge(&key, &request).await {
             Ok(answer) => answer,
             Err(error @ HandlerError::Unavailable(_)) => {
-                let client = pool.get().await?;
                 let mark = payment::MARK_CHARGE_UNKNOWN;
-                return Err(payment::unanswered(&client, order.order_id, mark, error).await);
+                return Err(payment::unanswered(pool, order.order_id, mark, error).await);
             }
             Err(error) => return Err(error),
         };
@@ -188,22 +187,54 @@ async fn intend(
     if row.get("intended") {
         return Ok(Intent::Ours { key });
     }
-    let ours = row.get::<_, Option<&str>>("event_id") == Some(event.id.as_str());
-    let status = row.get::<_, Option<&str>>("status").map(ChargeState::parse);
-    let age = row.get::<_, Option<f64>>("age").unwrap_or_default();
-    Ok(match status {
-        Some(state) if ours && state.undecided() && age >= key_ttl.as_secs_f64() => {
-            return Err(HandlerError::rejected(format!(
-                "order {}: its charge has had no answer for {age:.0} s, past the provider's key lifetime (PROVIDER_KEY_TTL {key_ttl:?}): asking again could charge twice",
-                order.order_id
-            )));
-        }
-        Some(state) if ours && state.undecided() => Intent::Ours {
-            key: row.get::<_, Option<String>>("charge_key").unwrap_or(key),
+    let standing = match row.get::<_, Option<&str>>("status") {
+        Some(status) => Standing {
+            event_id: row.get("event_id"),
+            state: ChargeState::parse(status),
+            charge_key: row.get("charge_key"),
+            age: row.get("age"),
         },
-        // Inserted and decided between the two reads: nothing to ask for.
-        None | Some(_) => Intent::NotOurs,
+        // The insert met a payment committed after the statement's snapshot was taken
+        // (a copy of this very event writing its intent, say), which the snapshot cannot
+        // show: read it now.
+        None => match Payment::find(client, order.order_id).await? {
+            Some(payment) => Standing {
+                event_id: payment.event_id,
+                state: payment.state,
+                charge_key: payment.charge_key,
+                age: payment.age.as_secs_f64(),
+            },
+            None => {
+                return Err(HandlerError::Stale(format!(
+                    "order {}: its payment was neither written nor found",
+                    order.order_id
+                )));
+            }
+        },
+    };
+    let ours = standing.event_id == event.id && standing.state.undecided();
+    if ours && standing.age >= key_ttl.as_secs_f64() {
+        return Err(HandlerError::rejected(format!(
+            "order {}: its charge has had no answer for {:.0} s, past the provider's key lifetime (PROVIDER_KEY_TTL {key_ttl:?}): asking again could charge twice",
+            order.order_id, standing.age
+        )));
+    }
+    Ok(if ours {
+        Intent::Ours {
+            key: standing.charge_key.unwrap_or(key),
+        }
+    } else {
+        Intent::NotOurs
     })
+}
+
+/// The payment an intent found standing in its place.
+struct Standing {
+    event_id: String,
+    state: ChargeState,
+    charge_key: Option<String>,
+    /// Seconds since it was written.
+    age: f64,
 }
 
 /// Records the provider's `answer` about `order` (`None`: the order was found charged

@@ -635,3 +635,28 @@ async fn every_charge_is_asked_for_only_after_its_intent_is_committed() {
         assert_eq!(f.status(order_id).await.as_deref(), Some("unknown"));
     }
 }
+
+/// Two copies of one `order.created` prepared at once (a batch holding both, or a copy
+/// prepared ahead while the first is): whichever writes the intent, the other finds it
+/// as its own and asks under the same key, so the copy applied first records the charge
+/// and the other is a duplicate. Never a charge made and its answer dropped.
+#[tokio::test]
+async fn two_copies_of_an_order_created_prepared_at_once_record_its_one_charge() {
+    let f = fixture().await;
+    let handler = f.handler();
+    for round in 0..30 {
+        let (order_id, event) = created_by_order_service(2598);
+        let (first, second) = tokio::join!(handler.prepare(&event), handler.prepare(&event));
+        let first = handler.apply_prepared(&event, first.unwrap()).await;
+        let second = handler.apply_prepared(&event, second.unwrap()).await;
+
+        assert_eq!(
+            (first.unwrap(), second.unwrap()),
+            (Outcome::Applied, Outcome::Duplicate),
+            "round {round}"
+        );
+        assert_eq!(f.status(order_id).await.as_deref(), Some("succeeded"));
+        assert_eq!(f.results(order_id).await.len(), 1, "round {round}");
+        f.charged_once(order_id, 2598).await;
+    }
+}
