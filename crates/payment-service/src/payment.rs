@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::Client;
+use deadpool_postgres::{Client, Pool};
 use saga::events::{self, PaymentResult};
 use saga::outbox::{self, NewEvent};
 use saga::{HandlerError, Topics, Transaction};
@@ -95,6 +95,8 @@ pub struct Payment {
     pub refund_key: Option<String>,
     pub refund_attempt: i32,
     pub refund_id: Option<String>,
+    /// Why its refund failed, while it is `failed` or `manual`.
+    pub refund_reason: Option<String>,
     /// Whether its order's cancellation was answered.
     pub answered: bool,
     /// How long ago the payment was written: for an undecided charge, how long ago its
@@ -104,7 +106,7 @@ pub struct Payment {
 
 /// The columns [`Payment::from_row`] reads.
 pub const PAYMENT_COLUMNS: &str = "order_id, event_id, status, amount_cents, charge_id, \
-     charge_key, refund_status, refund_key, refund_attempt, refund_id, \
+     charge_key, refund_status, refund_key, refund_attempt, refund_id, refund_reason, \
      answered_at IS NOT NULL AS answered, \
      greatest(extract(epoch FROM now() - created_at), 0)::float8 AS age";
 
@@ -125,6 +127,7 @@ impl Payment {
             refund_key: row.get("refund_key"),
             refund_attempt: row.get("refund_attempt"),
             refund_id: row.get("refund_id"),
+            refund_reason: row.get("refund_reason"),
             answered: row.get("answered"),
             age: Duration::from_secs_f64(row.get("age")),
         }
@@ -167,31 +170,37 @@ impl Payment {
 }
 
 /// A charge asked for, and no answer came: the attempt is `unknown` until the same key
-/// answers. Autocommitted, outside any transaction, as the intent was.
+/// answers. Autocommitted, outside any transaction, as the intent was. `updated_at`
+/// stays when the intent was written: how long the attempt has gone undecided, however
+/// often it is asked again, is what the key's lifetime is measured against.
 pub const MARK_CHARGE_UNKNOWN: &str = "
-    UPDATE payments SET status = 'unknown', updated_at = now()
+    UPDATE payments SET status = 'unknown'
      WHERE order_id = $1 AND status IN ('charging', 'unknown')";
 
-/// A refund asked for, and no answer came.
+/// A refund asked for, and no answer came; `updated_at` stays its intent's.
 pub const MARK_REFUND_UNKNOWN: &str = "
-    UPDATE payments SET refund_status = 'unknown', updated_at = now()
+    UPDATE payments SET refund_status = 'unknown'
      WHERE order_id = $1 AND refund_status IN ('refunding', 'unknown')";
 
-/// Marks the order's charge (`refund`: its refund) `unknown` after a call that got no
+/// Marks the order's charge (or refund, by `sql`) `unknown` after a call that got no
 /// answer, and hands the call's error back to be retried. A failure to mark it is logged,
-/// not raised: the intent already says the call may have happened.
+/// not raised: the intent already says the call may have happened. The connection is
+/// taken only now: none is held while the provider is waited for.
 pub async fn unanswered(
-    client: &Client,
+    pool: &Pool,
     order_id: Uuid,
     sql: &str,
     error: HandlerError,
 ) -> HandlerError {
-    let marked = match client.prepare_cached(sql).await {
-        Ok(statement) => client.execute(&statement, &[&order_id]).await,
-        Err(error) => Err(error),
+    let marked = async {
+        let client = pool.get().await?;
+        client
+            .execute(&client.prepare_cached(sql).await?, &[&order_id])
+            .await?;
+        Ok::<_, HandlerError>(())
     };
-    if let Err(mark) = marked {
-        tracing::warn!(%order_id, error = %saga::db::describe(&mark), "could not mark the attempt unknown");
+    if let Err(mark) = marked.await {
+        tracing::warn!(%order_id, error = %mark, "could not mark the attempt unknown");
     }
     error
 }

@@ -9,7 +9,7 @@
 //! outage: it is recorded at once, never retried by the consumer and never left in a
 //! dead letter. Only a call with no answer is asked again, under the same key.
 
-use deadpool_postgres::Client;
+use deadpool_postgres::Pool;
 use saga::events::{self, PaymentRefundFailed, PaymentRefunded};
 use saga::outbox::{self, NewEvent};
 use saga::{HandlerError, Topics, Transaction, failpoint};
@@ -39,10 +39,14 @@ pub enum Ending {
 /// Only a refund not decided yet (none, `refunding`, `unknown`) takes it, keeping the key
 /// an earlier attempt named; a retry of a `failed` one moves to the next attempt first
 /// ([`crate::retry_refund::NEXT_ATTEMPT`]). Nothing back: decided meanwhile.
+///
+/// `updated_at` is set when the attempt begins, not when it is asked again: how long it
+/// has gone undecided is what the metrics and alerts watch.
 pub const INTENT_TO_REFUND: &str = "
     UPDATE payments
        SET refund_status = 'refunding', refund_attempt = greatest(refund_attempt, 1),
-           refund_key = coalesce(refund_key, $2), updated_at = now()
+           refund_key = coalesce(refund_key, $2),
+           updated_at = CASE WHEN refund_status IS NULL THEN now() ELSE updated_at END
      WHERE order_id = $1
        AND (refund_status IS NULL OR refund_status IN ('refunding', 'unknown'))
     RETURNING refund_key, refund_attempt";
@@ -51,17 +55,21 @@ pub const INTENT_TO_REFUND: &str = "
 /// attempt's number with how it ended. `Stale` if the refund was decided meanwhile, and
 /// `Unavailable` (the attempt marked `unknown`) if no answer came.
 pub async fn ask(
-    client: &Client,
+    pool: &Pool,
     provider: &Provider,
     order_id: Uuid,
     charge: &Standing,
 ) -> Result<(i32, Ending), HandlerError> {
-    let intent = client
-        .query_opt(
-            &client.prepare_cached(INTENT_TO_REFUND).await?,
-            &[&order_id, &refund_key(order_id, 1)],
-        )
-        .await?;
+    // A connection for the intent alone: none is held while the provider is waited for.
+    let intent = {
+        let client = pool.get().await?;
+        client
+            .query_opt(
+                &client.prepare_cached(INTENT_TO_REFUND).await?,
+                &[&order_id, &refund_key(order_id, 1)],
+            )
+            .await?
+    };
     let Some(intent) = intent else {
         return Err(HandlerError::Stale(format!(
             "order {order_id}'s refund was decided while this one was prepared"
@@ -82,7 +90,7 @@ pub async fn ask(
         Err(HandlerError::Rejected(reason)) => Ending::Refused { reason },
         Err(error @ HandlerError::Unavailable(_)) => {
             let mark = payment::MARK_REFUND_UNKNOWN;
-            return Err(payment::unanswered(client, order_id, mark, error).await);
+            return Err(payment::unanswered(pool, order_id, mark, error).await);
         }
         Err(error) => return Err(error),
     };
@@ -98,12 +106,14 @@ pub const RECORD_REFUND: &str = "
            refunded_at = now(), answered_at = coalesce(answered_at, now()), updated_at = now()
      WHERE order_id = $1 AND refund_status IS DISTINCT FROM 'refunded'";
 
-/// A refund that could not be made, recorded with why: `failed` or `manual`.
+/// A refund that could not be made, recorded with why: `failed` or `manual`. Only a
+/// refund not decided yet takes it: two retries refused under one attempt's key record
+/// the refusal once.
 pub const RECORD_NOT_REFUNDED: &str = "
     UPDATE payments
        SET refund_status = $2, refund_reason = $3, refund_attempt = greatest(refund_attempt, 1),
            answered_at = coalesce(answered_at, now()), updated_at = now()
-     WHERE order_id = $1 AND refund_status IS DISTINCT FROM 'refunded'";
+     WHERE order_id = $1 AND (refund_status IS NULL OR refund_status IN ('refunding', 'unknown'))";
 
 /// Records `refund` of `charge` for `order_id` and enqueues `payment.refunded` (id
 /// `<order id>:refund`, one per order, whichever attempt made it), caused by `caused_by`.
@@ -146,7 +156,8 @@ pub async fn record_refunded(
 }
 
 /// Records that `failed.attempt` could not refund `order_id`'s charge, and enqueues
-/// `payment.refund_failed` (one per attempt). `false` if a refund was recorded already.
+/// `payment.refund_failed` (one per attempt). `false` if the refund was decided already:
+/// made, or this attempt's failure recorded by another caller.
 pub async fn record_not_refunded(
     tx: &Transaction<'_>,
     topics: &Topics,

@@ -146,8 +146,9 @@ impl Handler for RefundOrder {
         event: &Envelope,
         order: OrderOutcome,
     ) -> Result<Step<Found>, HandlerError> {
-        let client = pool.get().await?;
-        let payment = match read_ahead(&client, event, order.order_id).await? {
+        // A connection for the read alone: none is held while the provider is waited for.
+        let ahead = read_ahead(&pool.get().await?, event, order.order_id).await?;
+        let payment = match ahead {
             Ahead::Duplicate => return Ok(Step::Done(Outcome::Duplicate)),
             Ahead::Payment(payment) => payment,
         };
@@ -167,7 +168,7 @@ impl Handler for RefundOrder {
         }
         let (resolved, charged) = match payment.state {
             ChargeState::Charging | ChargeState::Unknown => {
-                let resolved = self.resolve(&client, &payment).await?;
+                let resolved = self.resolve(pool, &payment).await?;
                 let charged = match &resolved {
                     Resolved::Replayed(Answer::Charged { charge_id, .. }) => {
                         Some(charge_id.clone())
@@ -205,7 +206,7 @@ impl Handler for RefundOrder {
             charge_id,
             amount_cents: payment.amount_cents,
         };
-        let money = match refund::ask(&client, &self.provider, order.order_id, &charge).await? {
+        let money = match refund::ask(pool, &self.provider, order.order_id, &charge).await? {
             (_, Ending::Refunded(refund)) => Money::Refunded { charge, refund },
             (attempt, Ending::Refused { reason }) => {
                 let mut failed = not_refunded(&payment, Some(&charge.charge_id), reason, false);
@@ -230,11 +231,7 @@ impl RefundOrder {
     /// The definite answer to `payment`'s undecided charge: the same request under the
     /// same key, which the provider answers from the key's stored answer, or by making
     /// the charge now, or with `409` while the first call still runs (retried).
-    async fn resolve(
-        &self,
-        client: &deadpool_postgres::Client,
-        payment: &Payment,
-    ) -> Result<Resolved, HandlerError> {
+    async fn resolve(&self, pool: &Pool, payment: &Payment) -> Result<Resolved, HandlerError> {
         if !payment.key_alive(self.provider.key_ttl) {
             return Ok(Resolved::Undecidable(format!(
                 "no answer for {:.0} s, past the provider's key lifetime (PROVIDER_KEY_TTL {:?}): asking again could charge twice",
@@ -267,7 +264,7 @@ impl RefundOrder {
             }
             Err(error @ HandlerError::Unavailable(_)) => {
                 let mark = payment::MARK_CHARGE_UNKNOWN;
-                Err(payment::unanswered(client, payment.order_id, mark, error).await)
+                Err(payment::unanswered(pool, payment.order_id, mark, error).await)
             }
             Err(HandlerError::Rejected(reason)) => Ok(Resolved::Undecidable(reason)),
             Err(error) => Err(error),

@@ -138,6 +138,14 @@ pub async fn retry_refund(
                     attempt: payment.refund_attempt,
                 });
             }
+            // Moved on and refused again by a retry running beside this one (this one's
+            // move found it under way): its refusal is the answer.
+            (Some("failed"), _) => {
+                return Ok(Retried::Refused {
+                    reason: payment.refund_reason.unwrap_or_default(),
+                    attempt: payment.refund_attempt,
+                });
+            }
             (Some("refunding" | "unknown"), Some(charge_id)) if payment.answered => Standing {
                 charge_id: charge_id.clone(),
                 amount_cents: payment.amount_cents,
@@ -148,7 +156,7 @@ pub async fn retry_refund(
                 });
             }
         };
-        match refund::ask(&client, provider, order_id, &charge).await {
+        match refund::ask(pool, provider, order_id, &charge).await {
             Ok((attempt, ending)) => break (charge, attempt, ending),
             Err(HandlerError::Stale(_)) => continue,
             Err(error) => return Err(error),

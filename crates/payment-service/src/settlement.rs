@@ -29,10 +29,11 @@ pub const STATES: [&str; 4] = [
 pub const UNSETTLED: &str = "
     SELECT state, count(*), extract(epoch FROM now() - min(updated_at))::float8
       FROM (SELECT CASE
-                     WHEN status IN ('charging', 'unknown') THEN 'charge_unknown'
-                     WHEN refund_status IN ('refunding', 'unknown') THEN 'refund_unknown'
+                     -- A charge left to a person is decided as far as the saga can.
+                     WHEN refund_status = 'manual' THEN 'refund_manual'
                      WHEN refund_status = 'failed' THEN 'refund_failed'
-                     ELSE 'refund_manual'
+                     WHEN status IN ('charging', 'unknown') THEN 'charge_unknown'
+                     ELSE 'refund_unknown'
                    END AS state, updated_at
               FROM payments
              WHERE status IN ('charging', 'unknown')

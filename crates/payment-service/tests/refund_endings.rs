@@ -137,6 +137,50 @@ async fn concurrent_retries_of_a_failed_refund_refund_it_once() {
     }
 }
 
+/// Operators pressing retry at once while the provider still refuses: each is answered
+/// with the refusal, none fails, and the attempt's failure is recorded and announced once.
+#[tokio::test]
+async fn concurrent_retries_refused_again_record_the_refusal_once() {
+    let f = fixture().await;
+    let handler = f.handler();
+    let order_id = Uuid::new_v4();
+    handler.apply(&created(order_id, 2598)).await.unwrap();
+    let refuse = json!({ "kind": "refuse", "endpoint": "refunds" });
+    f.provider.admin.arm(refuse).await;
+    handler.apply(&cancelled(order_id, 2598)).await.unwrap();
+
+    let retries = (0..4).map(|_| async {
+        loop {
+            match f.retry(order_id).await {
+                Ok(retried) => return retried,
+                Err(HandlerError::Unavailable(_)) => {}
+                Err(error) => panic!("{error}"),
+            }
+        }
+    });
+    let retried = futures::future::join_all(retries).await;
+
+    for answer in &retried {
+        assert!(
+            matches!(answer, Retried::Refused { attempt, .. } if *attempt >= 2),
+            "{retried:?}"
+        );
+    }
+    let attempt = f.refund(order_id).await.2;
+    let failures: Vec<String> = f
+        .events(order_id)
+        .await
+        .into_iter()
+        .filter(|(_, event_type)| event_type == "payment.refund_failed")
+        .map(|(id, _)| id)
+        .collect();
+    let each_once: Vec<String> = (1..=attempt)
+        .map(|n| format!("{order_id}:refund_failed:{n}"))
+        .collect();
+    assert_eq!(failures, each_once, "one failure announced per attempt");
+    assert!(f.provider_refunds(order_id).await.is_empty());
+}
+
 /// A payment recorded with no charge id (before there was a provider): no refund can be
 /// asked for. It is `manual` on the cancellation's first attempt, with why, announced; not
 /// `Stale` for ever with its partition stuck behind it. A retry cannot move it.

@@ -13,8 +13,9 @@
 //! - **A revoked partition is let go.** Partitions move with the cooperative-sticky
 //!   assignor, only those that change owner. Before librdkafka unassigns one, its work
 //!   stops ([`ownership`]): no record of it is dispatched again, the record in hand and
-//!   the calls prepared ahead are abandoned at their next `.await`, so this consumer makes
-//!   no call and no write for the partition after the revoke; then librdkafka commits the
+//!   the calls prepared ahead are abandoned at their next `.await`, so this consumer
+//!   starts no call and no write for the partition after the revoke (a `COMMIT` sent
+//!   before it may still land, its offset unstored); then librdkafka commits the
 //!   offsets its finished records stored (nothing for an assignment lost). A record
 //!   abandoned is redelivered to the new owner, whose guards and keyed calls make the
 //!   repeat harmless.

@@ -12,8 +12,10 @@
 //! - A timeout, a connection error, `408`, `409`, `425`, `429` and `5xx`: unavailable, as
 //!   for a charge; the call is made again with the same key, and a refund made by a lost
 //!   call is answered by its replay.
-//! - Any other `4xx` (no such charge, a declined one, more than was charged): the request
-//!   is wrong, and the event is dead-lettered with the provider's answer as the reason.
+//! - Any other `4xx` (no such charge, a declined one, more than was charged, a refusal
+//!   such as `charge_disputed`): an answer, not an outage. It is `Rejected`, which the
+//!   refund's caller records as the refund `failed`, with the provider's answer as the
+//!   reason ([`crate::refund`]); asking again under the same key would get it again.
 
 use std::time::Instant;
 

@@ -134,7 +134,10 @@ impl ConsumerContext for SagaConsumerContext {
                 }
             }
             Rebalance::Error(error) => {
-                tracing::warn!(target: LOG_TARGET, %error, "rebalance error")
+                // rust-rdkafka unassigns what it was handed after this: stop it all first,
+                // as for a revoke; the group assigns partitions again.
+                let stopped = self.ownership.revoke(&self.ownership.all(), REVOKE_BOUND);
+                tracing::warn!(target: LOG_TARGET, %error, stopped, "rebalance error; the partitions' work stopped")
             }
         }
     }

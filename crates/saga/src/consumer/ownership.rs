@@ -6,8 +6,9 @@
 //! cancelled, and each task stops at its next `.await` without polling its work again
 //! ([`unless_revoked`]), so it starts no call and no write after that. A call already
 //! sent is abandoned (its answer, and whatever it did, are the next owner's to find
-//! again: a handler's calls are keyed, and every call has its intent committed first), a
-//! transaction under way rolls back. The revoke waits for the tasks to have stopped,
+//! again: a handler's calls are keyed, and every call has its intent committed first). A
+//! transaction under way rolls back, unless its `COMMIT` was sent already: then it may
+//! still commit, its offset never stored, and the new owner's inbox stops the repeat. The revoke waits for the tasks to have stopped,
 //! within [`REVOKE_BOUND`]; only then does librdkafka unassign the partition and commit
 //! the offsets its records stored (none for an assignment lost, whose partitions another
 //! member may hold already). Records of a partition no longer owned are not dispatched.
@@ -81,12 +82,14 @@ pub(super) struct Ownership {
 }
 
 impl Ownership {
-    /// Takes `partitions` on, each with a new generation.
+    /// Takes `partitions` on, each with a new generation. A partition assigned again
+    /// without a revoke between (librdkafka never does so) has its earlier work stopped,
+    /// so that two workers never share one.
     pub(super) fn assign(&self, partitions: &[i32]) {
         let mut owned = self.owned.lock().expect("never poisoned");
         for partition in partitions {
             let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-            owned.insert(
+            let earlier = owned.insert(
                 *partition,
                 Owned {
                     generation,
@@ -94,8 +97,21 @@ impl Ownership {
                     tasks: TaskTracker::new(),
                 },
             );
+            if let Some(earlier) = earlier {
+                earlier.revoked.cancel();
+            }
         }
         self.changes.fetch_add(1, Ordering::Release);
+    }
+
+    /// Every partition owned now: what a rebalance that failed unassigns.
+    pub(super) fn all(&self) -> Vec<i32> {
+        self.owned
+            .lock()
+            .expect("never poisoned")
+            .keys()
+            .copied()
+            .collect()
     }
 
     /// The ownership of `partition`, if the consumer owns it.
