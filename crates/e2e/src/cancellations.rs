@@ -60,6 +60,24 @@ impl Money {
 }
 
 impl Stack {
+    /// Takes `privilege` on `payments` from payment-service's role, or gives it back: a
+    /// grant lost in a deploy, say, which fails payment-service's handling of an
+    /// `order.created` until it is given back, so that the record is dead-lettered.
+    pub async fn payments_privilege(&self, privilege: &str, granted: bool) {
+        let role = crate::role(crate::PAYMENT_SERVICE);
+        let change = if granted {
+            format!("GRANT {privilege} ON payments TO {role}")
+        } else {
+            format!("REVOKE {privilege} ON payments FROM {role}")
+        };
+        self.payments_db
+            .client()
+            .await
+            .batch_execute(&format!("SET ROLE {role}; {change}; RESET ROLE"))
+            .await
+            .unwrap_or_else(|e| panic!("{change}: {e}"));
+    }
+
     /// `POST /v1/orders/{id}/cancel`, with `key` as its `Idempotency-Key` if given.
     pub async fn cancel(&self, order_id: Uuid, key: Option<&str>) -> CancelAnswer {
         let mut request = self

@@ -210,25 +210,6 @@ async fn a_cancellation_sent_twice_with_two_keys_finds_the_order_cancelled_and_r
     assert_eq!(stats["refunds"]["calls"], 1, "{stats}");
 }
 
-/// Takes `privilege` on `payments` from payment-service's role, or gives it back: a
-/// grant lost in a deploy, say, which fails payment-service's handling of an
-/// `order.created` until it is given back, so that the record is dead-lettered.
-async fn payments_privilege(stack: &Stack, privilege: &str, granted: bool) {
-    let role = saga_e2e::role(PAYMENT_SERVICE);
-    let change = if granted {
-        format!("GRANT {privilege} ON payments TO {role}")
-    } else {
-        format!("REVOKE {privilege} ON payments FROM {role}")
-    };
-    stack
-        .payments_db
-        .client()
-        .await
-        .batch_execute(&format!("SET ROLE {role}; {change}; RESET ROLE"))
-        .await
-        .unwrap_or_else(|e| panic!("{change}: {e}"));
-}
-
 /// Waits until payment-service has dead-lettered one record; returns its dead-letter
 /// topic.
 async fn dead_lettered(stack: &Stack) -> String {
@@ -262,10 +243,10 @@ async fn a_cancellation_met_before_its_order_created_leaves_a_tombstone_and_the_
  {
     let stack = Stack::start().await;
     // payment-service cannot read its payments: order.created fails before any call.
-    payments_privilege(&stack, "SELECT", false).await;
+    stack.payments_privilege("SELECT", false).await;
     let order_id = stack.place_order(1).await;
     let dead_letters = dead_lettered(&stack).await;
-    payments_privilege(&stack, "SELECT", true).await;
+    stack.payments_privilege("SELECT", true).await;
 
     let answer = stack.cancel(order_id, None).await;
 
@@ -308,10 +289,10 @@ async fn a_charge_made_for_an_order_created_that_was_dead_lettered_is_refunded_w
     // payment-service cannot record the charge's answer: its intent is committed, the
     // charge made, then order.created fails in the transaction, is retried (the charge
     // replayed) and dead-lettered. The intent stays, undecided.
-    payments_privilege(&stack, "UPDATE", false).await;
+    stack.payments_privilege("UPDATE", false).await;
     let order_id = stack.place_order(1).await;
     let dead_letters = dead_lettered(&stack).await;
-    payments_privilege(&stack, "UPDATE", true).await;
+    stack.payments_privilege("UPDATE", true).await;
     assert_eq!(
         stack.money(order_id).await.the_charge()["status"],
         "succeeded"
@@ -431,7 +412,7 @@ const RACING_ORDERS: usize = 3;
 async fn an_order_created_redriven_right_behind_its_cancellation_has_the_charge_it_made_meanwhile_refunded()
  {
     let mut stack = Stack::start().await;
-    payments_privilege(&stack, "SELECT", false).await;
+    stack.payments_privilege("SELECT", false).await;
     let mut orders = Vec::new();
     for _ in 0..RACING_ORDERS {
         orders.push(stack.place_order(1).await);
@@ -445,7 +426,7 @@ async fn an_order_created_redriven_right_behind_its_cancellation_has_the_charge_
         },
     )
     .await;
-    payments_privilege(&stack, "SELECT", true).await;
+    stack.payments_privilege("SELECT", true).await;
     assert!(stack.terminate_service(PAYMENT_SERVICE).await);
     for order_id in &orders {
         assert_eq!(stack.cancel(*order_id, None).await.status, 202);

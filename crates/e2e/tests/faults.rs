@@ -37,6 +37,8 @@ mod cluster;
 mod conflicting;
 #[path = "faults/crashes.rs"]
 mod crashes;
+#[path = "faults/dead_charges.rs"]
+mod dead_charges;
 #[path = "faults/outages.rs"]
 mod outages;
 #[path = "faults/pivot.rs"]
