@@ -292,7 +292,7 @@ fn not_refunded(
 enum Ahead {
     Duplicate,
     /// The order's payment here, if any.
-    Payment(Option<Payment>),
+    Payment(Option<Box<Payment>>),
 }
 
 /// Guard 1, read ahead outside any transaction: a shortcut, which the transaction checks
@@ -311,7 +311,9 @@ async fn read_ahead(
     if seen {
         return Ok(Ahead::Duplicate);
     }
-    Ok(Ahead::Payment(Payment::find(client, order_id).await?))
+    Ok(Ahead::Payment(
+        Payment::find(client, order_id).await?.map(Box::new),
+    ))
 }
 
 /// The order's charge at the provider that succeeded, if any, as its list shows it: only

@@ -23,7 +23,7 @@ const DEAD: usize = 6;
 /// the provider's list leaves every charge out, and the dead letters are redriven.
 /// Returns what the checker found.
 async fn dead_charges_cancelled_then_redriven(failpoints: &[(&'static str, String)]) -> Findings {
-    let mut stack = Stack::start_with(failpoints).await;
+    let stack = Stack::start_with(failpoints).await;
     stack
         .provider()
         .arm(json!({"kind": "list-lag", "lag_ms": 600_000, "endpoint": "list"}))
