@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // Each test crate uses its own part of this.
 
+pub mod charging;
 pub mod on_orders;
 
 use std::time::Duration;
