@@ -20,6 +20,21 @@ impl Fixture {
         retry_refund(&self.db.pool, &Topics::new(""), &provider, order_id).await
     }
 
+    /// `n` operators retrying at once, each again while the key is still running for
+    /// another (`Unavailable`): what each was answered.
+    async fn retries_at_once(&self, order_id: Uuid, n: usize) -> Vec<Retried> {
+        let retries = (0..n).map(|_| async {
+            loop {
+                match self.retry(order_id).await {
+                    Ok(retried) => return retried,
+                    Err(HandlerError::Unavailable(_)) => {}
+                    Err(error) => panic!("{order_id}: {error}"),
+                }
+            }
+        });
+        futures::future::join_all(retries).await
+    }
+
     /// The refunds the provider made of the order's charges.
     async fn provider_refunds(&self, order_id: Uuid) -> Vec<serde_json::Value> {
         self.charges(order_id)
@@ -108,17 +123,7 @@ async fn concurrent_retries_of_a_failed_refund_refund_it_once() {
             .await;
         handler.apply(&cancelled(order_id, 2598)).await.unwrap();
 
-        let retries = (0..4).map(|_| async {
-            loop {
-                match f.retry(order_id).await {
-                    Ok(retried) => return retried,
-                    // The key still running for another retry: ask again.
-                    Err(HandlerError::Unavailable(_)) => {}
-                    Err(error) => panic!("round {round}: {error}"),
-                }
-            }
-        });
-        let retried = futures::future::join_all(retries).await;
+        let retried = f.retries_at_once(order_id, 4).await;
 
         let Retried::Refunded {
             refund_id,
@@ -149,16 +154,7 @@ async fn concurrent_retries_refused_again_record_the_refusal_once() {
     f.provider.admin.arm(refuse).await;
     handler.apply(&cancelled(order_id, 2598)).await.unwrap();
 
-    let retries = (0..4).map(|_| async {
-        loop {
-            match f.retry(order_id).await {
-                Ok(retried) => return retried,
-                Err(HandlerError::Unavailable(_)) => {}
-                Err(error) => panic!("{error}"),
-            }
-        }
-    });
-    let retried = futures::future::join_all(retries).await;
+    let retried = f.retries_at_once(order_id, 4).await;
 
     for answer in &retried {
         assert!(
