@@ -16,6 +16,7 @@ static HANDLER: LazyLock<ChargeOrder> = LazyLock::new(|| {
         provider_url: "http://127.0.0.1:9".into(),
         provider_connect_timeout: Duration::from_secs(1),
         provider_timeout: Duration::from_secs(1),
+        provider_key_ttl: Duration::from_secs(24 * 3600),
     })
     .unwrap();
     ChargeOrder::new(Topics::new(""), provider)

@@ -1,6 +1,6 @@
-//! notification-service's decode of any record that parses: a command only for an
-//! outcome about the order its envelope names, an error or nothing otherwise, never a
-//! panic.
+//! notification-service's decode of any record that parses: a notice only for an
+//! outcome or a refund about the order its envelope names, an error or nothing
+//! otherwise, never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -12,10 +12,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let handler = NotifyCustomer::new(Topics::new(""));
-    if let Ok(Some((outcome, _))) = handler.decode(&event) {
+    if let Ok(Some(notice)) = handler.decode(&event) {
         assert!(
-            [events::ORDER_CONFIRMED, events::ORDER_CANCELLED].contains(&event.event_type.as_str())
+            [events::ORDER_CONFIRMED, events::ORDER_CANCELLED, events::ORDER_REFUNDED]
+                .contains(&event.event_type.as_str())
         );
-        assert_eq!(event.aggregate_id.parse(), Ok(outcome.order_id));
+        assert_eq!(event.aggregate_id.parse(), Ok(notice.order_id));
     }
 });
