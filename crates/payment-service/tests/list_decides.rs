@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::on_orders::{apply_until_done, cancelled, created, fixture};
-use saga::{HandlerError, Outcome, failpoint};
+use saga::{Outcome, failpoint};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -21,15 +21,7 @@ async fn a_cancellation_that_trusts_the_list_loses_the_refund_of_a_charge_that_c
     let handler = f.handler();
     let admin = &f.provider.admin;
     let order_id = Uuid::new_v4();
-    admin
-        .arm(json!({ "kind": "commit-late", "delay_ms": 1500, "next": 1 }))
-        .await;
-    admin
-        .arm(json!({ "kind": "list-lag", "lag_ms": 600_000, "endpoint": "list" }))
-        .await;
-
-    let gave_up = handler.apply(&created(order_id, 2598)).await.unwrap_err();
-    assert!(matches!(gave_up, HandlerError::Unavailable(_)), "{gave_up}");
+    f.charge_committing_late(&handler, order_id).await;
     assert_eq!(
         apply_until_done(&handler, &cancelled(order_id, 2598)).await,
         Outcome::Applied

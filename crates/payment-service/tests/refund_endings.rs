@@ -227,20 +227,7 @@ async fn a_charge_that_commits_after_its_caller_gave_up_is_resolved_by_its_key_a
     let admin = &f.provider.admin;
     for round in 0..3 {
         let order_id = Uuid::new_v4();
-        admin
-            .arm(json!({ "kind": "commit-late", "delay_ms": 1500, "next": 1 }))
-            .await;
-        admin
-            .arm(json!({ "kind": "list-lag", "lag_ms": 600_000, "endpoint": "list" }))
-            .await;
-
-        let gave_up = handler.apply(&created(order_id, 2598)).await.unwrap_err();
-        assert!(matches!(gave_up, HandlerError::Unavailable(_)), "{gave_up}");
-        assert_eq!(
-            f.payment(order_id).await.unwrap().0,
-            "unknown",
-            "round {round}"
-        );
+        f.charge_committing_late(&handler, order_id).await;
 
         let cancel = cancelled(order_id, 2598);
         let outcome = saga_testkit::eventually(

@@ -83,18 +83,7 @@ impl Fixture {
     }
 
     pub async fn results(&self, order_id: Uuid) -> Vec<(String, String)> {
-        self.db
-            .client()
-            .await
-            .query(
-                "SELECT event_id, type FROM outbox WHERE key = $1",
-                &[&order_id.to_string()],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect()
+        super::outbox_events(&self.db, order_id).await
     }
 
     pub async fn charges(&self, order_id: Uuid) -> Vec<Value> {

@@ -60,3 +60,18 @@ pub fn client_of(url: &str, timeout: Duration) -> Provider {
     })
     .unwrap()
 }
+
+/// The outbox's events for `order_id` in `db`: id and type, in the order written.
+pub async fn outbox_events(db: &TestDatabase, order_id: uuid::Uuid) -> Vec<(String, String)> {
+    db.client()
+        .await
+        .query(
+            "SELECT event_id, type FROM outbox WHERE key = $1 ORDER BY id",
+            &[&order_id.to_string()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}

@@ -85,6 +85,22 @@ impl Fixture {
             .map(|row| (row.get(0), row.get(1), row.get(2)))
     }
 
+    /// Charges `order_id` with its commit held past the handler's timeout while the
+    /// provider's list leaves every charge out: the call gives up, and the payment is
+    /// `unknown`, its charge committing a moment later.
+    pub async fn charge_committing_late(&self, handler: &OnOrders, order_id: Uuid) {
+        let admin = &self.provider.admin;
+        admin
+            .arm(json!({ "kind": "commit-late", "delay_ms": 1500, "next": 1 }))
+            .await;
+        admin
+            .arm(json!({ "kind": "list-lag", "lag_ms": 600_000, "endpoint": "list" }))
+            .await;
+        let gave_up = handler.apply(&created(order_id, 2598)).await.unwrap_err();
+        assert!(matches!(gave_up, HandlerError::Unavailable(_)), "{gave_up}");
+        assert_eq!(self.payment(order_id).await.unwrap().0, "unknown");
+    }
+
     /// The refund's status, reason and attempt.
     pub async fn refund(&self, order_id: Uuid) -> (Option<String>, Option<String>, i32) {
         let row = self
@@ -124,18 +140,7 @@ impl Fixture {
     }
 
     pub async fn events(&self, order_id: Uuid) -> Vec<(String, String)> {
-        self.db
-            .client()
-            .await
-            .query(
-                "SELECT event_id, type FROM outbox WHERE key = $1 ORDER BY id",
-                &[&order_id.to_string()],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect()
+        super::outbox_events(&self.db, order_id).await
     }
 
     /// The provider's charges for the order, each with its refunds.
