@@ -377,36 +377,53 @@ async fn in_batches_each_record_is_processed_in_its_own_orders_trace() {
     );
 }
 
-/// With no endpoint set nothing is exported, and no trace context is carried either: the
-/// client's `traceparent` goes no further than the API.
+/// With no endpoint set nothing is exported, but the context a client sent is carried on
+/// all the same: every record of its order, through three services that export nothing,
+/// belongs to the client's trace, so that a service exporting further on joins it. An
+/// order placed with no context leaves none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_traces_off_no_record_carries_trace_context() {
+async fn with_traces_off_the_callers_trace_context_is_carried_through_every_record() {
     let stack = Stack::start().await;
-    let (_, _, traceparent) = client_context();
-    let order_id = place_traced_order(&stack, &traceparent, None).await;
-    assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
-    stack.notified(order_id).await;
+    let (trace_id, _, traceparent) = client_context();
+    let traced = place_traced_order(&stack, &traceparent, Some(CLIENT_STATE)).await;
+    let untraced = stack.place_order(1).await;
+    for order_id in [traced, untraced] {
+        assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
+        stack.notified(order_id).await;
+    }
     let topics = &stack.kafka.topics;
     for topic in [&topics.orders, &topics.payments, &topics.notifications] {
         let records = eventually(
             SETTLE,
-            &format!("{topic} to hold the order's records"),
+            &format!("{topic} to hold both orders' records"),
             || async {
                 let records = stack.kafka.read_all(topic).await;
-                (!records.is_empty()).then_some(records)
+                let of = |order: Uuid| records.iter().any(|r| key(r) == order.to_string());
+                (of(traced) && of(untraced)).then_some(records)
             },
         )
         .await;
         for record in records {
-            for field in saga::trace::fields() {
+            let context = saga::kafka::header(&record, "traceparent");
+            let state = saga::kafka::header(&record, "tracestate");
+            if key(&record) == traced.to_string() {
+                let context = context.unwrap_or_else(|| panic!("a traceparent on {topic}"));
                 assert_eq!(
-                    saga::kafka::header(&record, &field),
-                    None,
-                    "{field} on {topic}"
+                    context.split('-').nth(1),
+                    Some(trace_id.as_str()),
+                    "{topic}"
                 );
+                assert_eq!(state.as_deref(), Some(CLIENT_STATE), "{topic}");
+            } else {
+                assert_eq!((context, state), (None, None), "{topic}");
             }
         }
     }
+}
+
+fn key(record: &rdkafka::message::OwnedMessage) -> String {
+    use rdkafka::Message as _;
+    String::from_utf8_lossy(record.key().unwrap_or_default()).into_owned()
 }
 
 #[test]

@@ -90,13 +90,10 @@ pub const HEADER_LIMIT: usize = 16 * 1024;
 /// [`HEADER_LIMIT`]; [`json_errors`] over all that follows; a request done within
 /// `limits.http_request_timeout`, or `408`; a body within [`BODY_LIMIT`], or `413`.
 pub fn edge(router: Router, limits: &HttpLimits) -> Router {
-    let router = if crate::trace::enabled() {
-        // Innermost: a route's pattern is known only inside the router's own layers.
-        router.layer(axum::middleware::from_fn(trace_request))
-    } else {
-        router
-    };
+    // Innermost: a route's pattern is known only inside the router's own layers. On
+    // whether spans are exported or not: a caller's context is carried on either way.
     router
+        .layer(axum::middleware::from_fn(trace_request))
         // Set, so that the layers below surely cover a path no route matches.
         .fallback(|| async { StatusCode::NOT_FOUND })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -120,6 +117,7 @@ pub fn edge(router: Router, limits: &HttpLimits) -> Router {
 
 /// A server span per request, continuing the caller's trace context if it sent one: the
 /// first span of an order's trace (`POST /v1/orders`), or the provider's side of a charge.
+/// Where spans are not exported, the caller's context alone, carried on.
 async fn trace_request(request: Request, next: Next) -> Response {
     let route = request
         .extensions()

@@ -29,10 +29,12 @@
 //! What a handler writes continues its process span because the hop is current while the
 //! handler runs ([`Hop::scope`], [`current_carrier`]).
 //!
-//! Off unless [`crate::telemetry`] exports spans (`OTEL_EXPORTER_OTLP_ENDPOINT`): then a
-//! hop is an empty value, and nothing is read from or written to headers or the outbox.
-//! A service that does not export does not carry the context on either, so a trace is
-//! whole only where every service exports.
+//! Spans are made only where [`crate::telemetry`] exports them
+//! (`OTEL_EXPORTER_OTLP_ENDPOINT`). A service that does not export still carries the
+//! context it was given: its hop is the caller's context, unchanged, and what it writes
+//! and calls continues that, so the next service that exports joins the same trace. One
+//! service without a collector leaves a gap in a trace, never a break. With no context
+//! given, a hop is empty, and nothing is written to headers or the outbox.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -109,9 +111,7 @@ impl Extractor for Carrier {
 /// continue its record's process span, or the request's server span.
 pub fn current_carrier() -> Carrier {
     let mut carrier = Carrier::default();
-    if enabled() {
-        TraceContextPropagator::new().inject_context(&Context::current(), &mut carrier);
-    }
+    TraceContextPropagator::new().inject_context(&Context::current(), &mut carrier);
     carrier
 }
 
@@ -121,11 +121,17 @@ fn context_from(carrier: &dyn Extractor) -> Context {
 }
 
 /// One hop of an order's trace: an exported span, ended when the last clone of its hop
-/// is dropped. Empty, and free, when tracing is off.
+/// is dropped. Where spans are not exported, the context it was given, carried on; empty,
+/// and free, where there is none.
 #[derive(Debug, Clone, Default)]
 pub struct Hop(Option<Context>);
 
 impl Hop {
+    /// The hop of a service that exports nothing: `parent` passed on as it came.
+    fn carried(parent: Context) -> Self {
+        Self(parent.span().span_context().is_valid().then_some(parent))
+    }
+
     /// Starts a span under `parent`, also linked to it if `link` (a consumer's, as the
     /// messaging conventions ask); under nothing if `parent` holds no valid span.
     fn start(
@@ -153,13 +159,13 @@ impl Hop {
     /// A consumer's process span for one record, continuing (parent and link) the send
     /// span whose context the record's headers carry.
     pub fn process<M: rdkafka::Message>(message: &M, group: &str) -> Self {
-        if !enabled() {
-            return Self(None);
-        }
         let headers = message.headers().map(RecordHeaders);
         let parent = headers
             .as_ref()
             .map_or_else(Context::new, |headers| context_from(headers));
+        if !enabled() {
+            return Self::carried(parent);
+        }
         let key = message
             .key()
             .map(String::from_utf8_lossy)
@@ -180,12 +186,12 @@ impl Hop {
     }
 
     /// The relay's producer span for one outbox row's record, continuing the context the
-    /// row was written in (`stored`: its columns, read only when tracing is on).
+    /// row was written in (`stored`: its columns).
     pub fn send(topic: &str, key: &str, event_id: &str, stored: impl FnOnce() -> Carrier) -> Self {
-        if !enabled() {
-            return Self(None);
-        }
         let parent = context_from(&stored());
+        if !enabled() {
+            return Self::carried(parent);
+        }
         let attributes = messaging(topic, "send", key, Some(event_id));
         Self::start(
             format!("send {topic}"),
@@ -200,7 +206,7 @@ impl Hop {
     /// continuing the caller's context if its headers carry one.
     pub fn server(method: &str, route: &str, path: &str, headers: &HttpHeaders<'_>) -> Self {
         if !enabled() {
-            return Self(None);
+            return Self::carried(context_from(headers));
         }
         let attributes = vec![
             KeyValue::new("http.request.method", method.to_owned()),
@@ -222,7 +228,7 @@ impl Hop {
     /// in. [`Hop::inject`] puts its context on the request.
     pub fn client(method: &str, path: &str, url: &str) -> Self {
         if !enabled() {
-            return Self(None);
+            return Self::carried(Context::current());
         }
         let attributes = vec![
             KeyValue::new("http.request.method", method.to_owned()),
@@ -273,7 +279,7 @@ impl Hop {
         }
     }
 
-    /// `headers` with this hop's trace context added (unchanged when tracing is off).
+    /// `headers` with this hop's trace context added (unchanged when it has none).
     pub fn record_headers(&self, headers: OwnedHeaders) -> OwnedHeaders {
         let Some(context) = &self.0 else {
             return headers;
