@@ -608,6 +608,7 @@ impl Transaction {
                 };
                 let stops = match after.workers[w].step {
                     Step::Staged(Outcome::Guarded) => ": guard 2 stops it",
+                    _ if before.status.is_terminal() => ", and goes on: no guard 2",
                     _ => "",
                 };
                 format!("{how} status {}{stops}", before.status.as_str())

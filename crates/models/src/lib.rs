@@ -44,7 +44,10 @@ pub trait Guarded: Model + Clone {
 }
 
 /// A property's name, and the path to the state that broke it.
-type Broken<M> = (&'static str, Path<<M as Model>::State, <M as Model>::Action>);
+type Broken<M> = (
+    &'static str,
+    Path<<M as Model>::State, <M as Model>::Action>,
+);
 
 /// Explores every state of `model` breadth first, in one thread so that the run and the
 /// sequence it reports are the same every time, and stops at the first state that breaks
