@@ -32,26 +32,20 @@ pub struct Outage {
     what: &'static str,
     down_since: Instant,
     restored: bool,
+    /// The process stopped with SIGSTOP, which a SIGCONT brings back.
+    frozen: Option<String>,
 }
 
 impl Outage {
     /// Kills the Kafka broker that `scripts/infra-up` started (SIGKILL: a crash, not a
     /// clean shutdown) and waits until the process is gone.
     pub async fn kill_broker() -> Self {
-        let pid_file = run_dir().join("kafka.pid");
-        let pid = std::fs::read_to_string(&pid_file)
-            .unwrap_or_else(|e| {
-                panic!(
-                    "{}: {e}; the broker must be one scripts/infra-up started",
-                    pid_file.display()
-                )
-            })
-            .trim()
-            .to_owned();
+        let pid = broker_pid();
         let outage = Self {
             what: "the Kafka broker",
             down_since: Instant::now(),
             restored: false,
+            frozen: None,
         };
         run("kill", &["-KILL", &pid]);
         let proc = PathBuf::from(format!("/proc/{pid}"));
@@ -67,6 +61,20 @@ impl Outage {
         outage
     }
 
+    /// Freezes the Kafka broker that `scripts/infra-up` started (SIGSTOP): its connections
+    /// stay open and nothing answers on them, as a managed cluster's broker looks in a
+    /// long pause or behind a network that drops packets. [`Outage::restore`] thaws it.
+    pub fn freeze_broker() -> Self {
+        let pid = broker_pid();
+        run("kill", &["-STOP", &pid]);
+        Self {
+            what: "the Kafka broker",
+            down_since: Instant::now(),
+            restored: false,
+            frozen: Some(pid),
+        }
+    }
+
     /// Stops the PostgreSQL cluster serving the tests (`pg_ctlcluster … stop`, fast
     /// mode: sessions are cut, as in a failover) and waits until it no longer answers.
     pub async fn stop_postgres() -> Self {
@@ -75,6 +83,7 @@ impl Outage {
             what: "PostgreSQL",
             down_since: Instant::now(),
             restored: false,
+            frozen: None,
         };
         run(
             "pg_ctlcluster",
@@ -99,6 +108,11 @@ impl Outage {
     /// outlast `infra-up`'s own 90 s budget when many topics lie around; the broker
     /// keeps starting meanwhile, so a failed `infra-up` is given a few more tries.
     pub async fn restore(mut self) -> Duration {
+        if let Some(pid) = &self.frozen {
+            run("kill", &["-CONT", pid]);
+            self.restored = true;
+            return self.down_since.elapsed();
+        }
         let mut tries = 0;
         while !tokio::task::spawn_blocking(try_infra_up).await.unwrap() {
             tries += 1;
@@ -117,6 +131,10 @@ impl Drop for Outage {
     fn drop(&mut self) {
         if !self.restored {
             eprintln!("bringing {} back after a failure", self.what);
+            if let Some(pid) = &self.frozen {
+                run("kill", &["-CONT", pid]);
+                return;
+            }
             for _ in 0..4 {
                 if try_infra_up() {
                     return;
@@ -124,6 +142,20 @@ impl Drop for Outage {
             }
         }
     }
+}
+
+/// The pid of the broker `scripts/infra-up` started.
+fn broker_pid() -> String {
+    let pid_file = run_dir().join("kafka.pid");
+    std::fs::read_to_string(&pid_file)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; the broker must be one scripts/infra-up started",
+                pid_file.display()
+            )
+        })
+        .trim()
+        .to_owned()
 }
 
 /// Runs `scripts/infra-up`, which starts whatever of PostgreSQL and Kafka is not running.

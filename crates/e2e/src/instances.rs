@@ -166,6 +166,25 @@ impl Stack {
         }
     }
 
+    /// What `instance` answers at `/readyz`: its status, and its reasons if it is not
+    /// ready (none if it did not answer within a second, as a probe would give up).
+    pub async fn ready(&self, instance: &str) -> (u16, Option<serde_json::Value>) {
+        let url = format!("http://127.0.0.1:{}/readyz", self.ports[instance]);
+        match self
+            .http
+            .get(url)
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+        {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                (status, response.json().await.ok())
+            }
+            Err(_) => (0, None),
+        }
+    }
+
     /// The instances running now.
     pub fn running(&self) -> Vec<String> {
         let mut running: Vec<String> = self.processes.keys().cloned().collect();

@@ -190,7 +190,7 @@ impl Application {
                 .merge(refunds::router(state.clone()))
                 .merge(admin(state))
                 .merge(saga::http::health(self.pool.clone()))
-                .merge(saga::probes::router(saga::probes::Readiness::database(
+                .merge(saga::probes::router(saga::probes::Probes::database(
                     self.pool.clone(),
                 )))
                 .merge(saga::metrics::router(None)),

@@ -158,6 +158,15 @@ pub struct KafkaConfig {
     #[arg(long, env = "OUTBOX_LINGER_MS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub outbox_linger_ms: u64,
+
+    /// How long one attempt of the consumer (a record, or a batch) or one round of the
+    /// outbox relay may run before `/livez` answers 503 naming it: each has timeouts of
+    /// its own far below this, so one still running awaits something that will not come,
+    /// and a restart frees its partition. Waiting between attempts, through an outage,
+    /// is not counted.
+    #[arg(long, env = "LIVENESS_STALL_AFTER", default_value = "10m",
+          value_parser = humantime::parse_duration)]
+    pub liveness_stall_after: Duration,
 }
 
 impl KafkaConfig {

@@ -90,6 +90,8 @@ pub struct ConsumerSettings {
     pub batch_size: usize,
     /// Set once the consumer is first assigned partitions ([`crate::probes`]).
     pub joined: Arc<std::sync::atomic::AtomicBool>,
+    /// Where each attempt at a record or a batch is recorded while it runs, for `/livez`.
+    pub progress: crate::probes::Progress,
 }
 
 impl ConsumerSettings {
@@ -102,6 +104,7 @@ impl ConsumerSettings {
             max_attempts: 5,
             batch_size: 1,
             joined: Arc::default(),
+            progress: crate::probes::Progress::default(),
         }
     }
 }

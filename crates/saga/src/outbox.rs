@@ -31,6 +31,7 @@ use crate::failpoint;
 use crate::lease::{DEFAULT_LEASE, Lease};
 pub use crate::local_relay::LocalRelay;
 use crate::metrics;
+use crate::probes::Progress;
 use crate::trace;
 use crate::transaction::Transaction;
 
@@ -139,6 +140,8 @@ pub struct OutboxRelay {
     linger: Duration,
     /// Writers in this process, which wake the relay without a NOTIFY while it is active.
     local: LocalRelay,
+    /// Where each round (a look and its sends) is recorded while it runs, for `/livez`.
+    progress: Progress,
 }
 
 impl OutboxRelay {
@@ -155,6 +158,7 @@ impl OutboxRelay {
             batch_size: 100,
             linger: Duration::ZERO,
             local: LocalRelay::default(),
+            progress: Progress::default(),
         })
     }
 
@@ -179,6 +183,12 @@ impl OutboxRelay {
     /// through the last millisecond of each wait, which it rounds down to zero.
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
+    }
+
+    /// Records each round in `progress`, which the service's `/livez` watches.
+    pub fn watched_by(mut self, progress: Progress) -> Self {
+        self.progress = progress;
+        self
     }
 
     /// Under load, makes the relay look at most once per `linger`, so that each look (a
@@ -240,6 +250,7 @@ impl OutboxRelay {
             // see.
             while notifications.try_recv().is_ok() {}
             active.consume_wake();
+            let round = self.progress.attempt("outbox relay");
             let look = Instant::now();
             let rows = client
                 .query(
@@ -263,6 +274,7 @@ impl OutboxRelay {
             }
             let failure;
             (acknowledged, failure) = self.publish(rows).await;
+            drop(round);
             // A crash here publishes the acknowledged rows once more after the restart.
             failpoint::crash_point_for(failpoint::RELAY_AFTER_ACK, acknowledged.len());
             if let Some(error) = failure {

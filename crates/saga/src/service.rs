@@ -20,7 +20,7 @@ use crate::config::{DatabaseConfig, HttpLimits, KafkaConfig, RetentionConfig};
 use crate::consumer::{self, ConsumerSettings};
 use crate::db;
 use crate::lease::Lease;
-use crate::probes::Readiness;
+use crate::probes::Probes;
 use crate::retention::{self, Target, Window};
 use crate::{Applier, Handler, LocalRelay, OutboxRelay, Topics, backoff};
 
@@ -176,14 +176,14 @@ impl Service {
             .pruning
             .pruner(&self.database_url, pruned)?
             .map(|pruner| pruner.leased_for(self.singleton_lease));
-        let relay = self.outbox_relay()?;
+        let relay = self.outbox_relay()?.watched_by(settings.progress.clone());
         tracing::info!(service = self.name, addr = %self.local_addr(), "service started");
 
         let tasks = Tasks::new(shutdown.clone());
-        let readiness = Readiness::database(self.pool.clone())
-            .broker(relay.producer().clone())
-            .consumer(settings.joined.clone());
-        let router = self.edge(router, readiness);
+        let probes = Probes::database(self.pool.clone())
+            .consumer(settings.joined.clone())
+            .progress(settings.progress.clone(), self.kafka.liveness_stall_after);
+        let router = self.edge(router, probes);
         tasks.spawn(
             "http",
             crate::http::serve(self.listener, router, shutdown.clone()),
@@ -225,12 +225,12 @@ impl Service {
 
     /// `router` with the routes every service serves (`/health`, the probes, `/metrics`),
     /// behind the HTTP edge's limits.
-    fn edge(&self, router: Router, readiness: Readiness) -> Router {
+    fn edge(&self, router: Router, probes: Probes) -> Router {
         let metrics = crate::metrics::router(Some((self.pool.clone(), self.relay.clone())));
         crate::http::edge(
             router
                 .merge(crate::http::health(self.pool.clone()))
-                .merge(crate::probes::router(readiness))
+                .merge(crate::probes::router(probes))
                 .merge(metrics),
             &self.http_limits,
         )

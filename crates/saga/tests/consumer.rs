@@ -5,6 +5,8 @@
 mod batches;
 #[path = "consumer/failures.rs"]
 mod failures;
+#[path = "consumer/liveness.rs"]
+mod liveness;
 #[path = "consumer/order.rs"]
 mod order;
 #[path = "consumer/rebalance.rs"]

@@ -1,7 +1,7 @@
-//! Infrastructure outages under load: the broker killed, PostgreSQL stopped, each waited
-//! out by the services and restored by the scenario.
+//! Infrastructure outages under load: the broker killed or frozen, PostgreSQL stopped,
+//! each waited out by the services and restored by the scenario.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use saga_e2e::chaos;
 use saga_e2e::infra::Outage;
@@ -50,6 +50,57 @@ async fn the_broker_killed_and_restarted_mid_run_is_waited_out_and_nothing_is_lo
         &injected,
         &findings,
     );
+}
+
+/// How long the broker stays frozen: a blink of a managed cluster, which readiness must
+/// not turn into an outage of the API.
+const FREEZE: Duration = Duration::from_secs(10);
+
+/// How often every service's `/readyz` is asked while the broker is frozen: as often as
+/// an orchestrator's probe would, and more.
+const PROBE_EVERY: Duration = Duration::from_millis(250);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fault suite: scripts/faults runs it on its own"]
+async fn the_broker_frozen_for_ten_seconds_leaves_every_service_ready_and_every_order_taken() {
+    let mut stack = Stack::start().await;
+    let load = Load::start(&stack, orders(), rate_spanning(Duration::from_secs(30)));
+    load.reached(at(1, 3)).await;
+    assert_under_load(&load, "the broker was frozen");
+    let (accepted, retried) = (load.accepted(), load.retried());
+    let outage = Outage::freeze_broker();
+    let frozen = Instant::now();
+    let (mut looks, mut not_ready) = (0, Vec::new());
+    while frozen.elapsed() < FREEZE {
+        for service in SERVICES {
+            looks += 1;
+            let (status, body) = stack.ready(service).await;
+            if status != 200 {
+                not_ready.push(format!("{service}: {status} {body:?}"));
+            }
+        }
+        tokio::time::sleep(PROBE_EVERY).await;
+    }
+    let placed = load.accepted() - accepted;
+    let refused = load.retried() - retried;
+    let down = outage.restore().await;
+    assert!(
+        not_ready.is_empty(),
+        "not ready while the broker was frozen: {not_ready:?}"
+    );
+    assert_eq!(refused, 0, "orders refused while the broker was frozen");
+    assert!(
+        placed > 0,
+        "no order was placed while the broker was frozen"
+    );
+
+    let load_rate = load.rate;
+    let (findings, _) = drain_and_check(&mut stack, load, None, Vec::new()).await;
+    let injected = format!(
+        "broker frozen (SIGSTOP) for {:.1} s; {placed} orders placed meanwhile, none refused (load at {load_rate}/s); every service ready at each of {looks} looks at /readyz",
+        down.as_secs_f64(),
+    );
+    conclude("Kafka broker frozen for ten seconds", &injected, &findings);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

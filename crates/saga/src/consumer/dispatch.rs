@@ -275,6 +275,7 @@ impl<H: Handler> PartitionWorker<H> {
             return Batch::RolledBack;
         }
         let started = Instant::now();
+        let _running = self.attempt_at(&batch[0].message);
         let mut events = Vec::with_capacity(batch.len());
         let mut steps = Vec::with_capacity(batch.len());
         let mut failed = None;
@@ -337,10 +338,14 @@ impl<H: Handler> PartitionWorker<H> {
         ahead: Ahead<H::Prepared>,
     ) -> Done {
         let (envelope, mut prepared) = match ahead {
-            Some(task) => match joined(task).await {
-                Some((envelope, step)) => (envelope, Some(step)),
-                None => return Done::Abandoned,
-            },
+            // Awaiting what was prepared ahead is part of the first attempt.
+            Some(task) => {
+                let _running = self.attempt_at(message);
+                match joined(task).await {
+                    Some((envelope, step)) => (envelope, Some(step)),
+                    None => return Done::Abandoned,
+                }
+            }
             None => match event_of(message, spans) {
                 Ok(envelope) => (envelope, None),
                 Err(error) => {
@@ -356,12 +361,14 @@ impl<H: Handler> PartitionWorker<H> {
         loop {
             attempt += 1;
             let started = Instant::now();
+            let running = self.attempt_at(message);
             let applied = match prepared.take() {
                 Some(Ok(step)) => self.applier.apply_prepared(&envelope, step).await,
                 Some(Err(error)) => Err(error),
                 None => self.applier.apply(&envelope).await,
             };
             self.time_handler(started);
+            drop(running);
             let error = match applied {
                 Ok(outcome) => {
                     self.count(&envelope.event_type, outcome.as_str());
@@ -402,6 +409,15 @@ impl<H: Handler> PartitionWorker<H> {
                 return Done::Abandoned;
             }
         }
+    }
+
+    /// An attempt at `message` (or the batch it begins) under way, for `/livez`.
+    fn attempt_at(&self, message: &OwnedMessage) -> crate::probes::Attempt {
+        (self.settings.progress).attempt(format!(
+            "consumer {}[{}]",
+            message.topic(),
+            message.partition()
+        ))
     }
 
     /// Counts what became of one record.
