@@ -600,19 +600,7 @@ impl Transaction {
                     event.id
                 ),
             },
-            Action::ReadStatus(_) => {
-                let how = if self.has(Guard::ForUpdate) {
-                    "locks the order and reads"
-                } else {
-                    "reads (no lock)"
-                };
-                let stops = match after.workers[w].step {
-                    Step::Staged(Outcome::Guarded) => ": guard 2 stops it",
-                    _ if before.status.is_terminal() => ", and goes on: no guard 2",
-                    _ => "",
-                };
-                format!("{how} status {}{stops}", before.status.as_str())
-            }
+            Action::ReadStatus(_) => self.describe_read(before, after, w),
             Action::Write(_) => format!("writes {} (uncommitted)", event.decides.as_str()),
             Action::InsertOutbox(_) => self.describe_outbox(after, w, event),
             Action::Commit(_) => describe_commit(before, after, w),
@@ -640,6 +628,20 @@ impl Transaction {
             Action::Rebalance => unreachable!("described above"),
         };
         format!("{who} {text}")
+    }
+
+    fn describe_read(&self, before: &World, after: &World, w: usize) -> String {
+        let how = if self.has(Guard::ForUpdate) {
+            "locks the order and reads"
+        } else {
+            "reads (no lock)"
+        };
+        let stops = match after.workers[w].step {
+            Step::Staged(Outcome::Guarded) => ": guard 2 stops it",
+            _ if before.status.is_terminal() => ", and goes on: no guard 2",
+            _ => "",
+        };
+        format!("{how} status {}{stops}", before.status.as_str())
     }
 
     fn describe_outbox(&self, after: &World, w: usize, event: &EventInfo) -> String {
