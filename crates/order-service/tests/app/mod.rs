@@ -62,6 +62,7 @@ pub fn config(db: &TestDatabase, kafka: &TestKafka, idempotency: IdempotencyConf
             consumer_batch_size: 1,
             outbox_poll_interval_ms: 200,
             outbox_linger_ms: 10,
+            liveness_stall_after: std::time::Duration::from_secs(600),
         },
         idempotency,
         retention: RetentionConfig::off(),
