@@ -17,6 +17,7 @@ static HANDLER: LazyLock<ChargeOrder> = LazyLock::new(|| {
         provider_connect_timeout: Duration::from_secs(1),
         provider_timeout: Duration::from_secs(1),
         provider_key_ttl: Duration::from_secs(24 * 3600),
+        provider_ca_file: None,
     })
     .unwrap();
     ChargeOrder::new(Topics::new(""), provider)

@@ -6,6 +6,7 @@ use saga_e2e::{KEYBOARD, NOTIFICATION_SERVICE, ORDER_SERVICE, PAYMENT_PROVIDER, 
 use saga_e2e::{SETTLE, Stack};
 use saga_testkit::eventually;
 use saga_testkit::otlp::{OtlpSink, Span};
+use saga_testkit::tls::TestCa;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -424,6 +425,80 @@ async fn with_traces_off_the_callers_trace_context_is_carried_through_every_reco
 fn key(record: &rdkafka::message::OwnedMessage) -> String {
     use rdkafka::Message as _;
     String::from_utf8_lossy(record.key().unwrap_or_default()).into_owned()
+}
+
+/// Over HTTPS, to a collector whose certificate a CA of the test's own signed: every
+/// service exports its spans once `OTEL_EXPORTER_OTLP_CERTIFICATE` names that CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_go_over_https_to_a_collector_whose_ca_is_given() {
+    let ca = TestCa::new("order-saga collector test CA");
+    let sink = OtlpSink::keeping_over_tls(&ca).await;
+    assert!(
+        sink.endpoint().starts_with("https://"),
+        "{}",
+        sink.endpoint()
+    );
+    let ca_file = ca.ca_file().display().to_string();
+    let stack = Stack::start_with_env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint()),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca_file),
+        ("OTEL_BSP_SCHEDULE_DELAY", EXPORT_DELAY_MS),
+    ])
+    .await;
+    let (trace_id, _, traceparent) = client_context();
+    let order_id = place_traced_order(&stack, &traceparent, None).await;
+    assert_eq!(stack.settled_order(order_id).await["status"], "confirmed");
+    eventually(SETTLE, "every service's spans over HTTPS", || async {
+        let spans = sink.trace(&trace_id);
+        let services = [
+            ORDER_SERVICE,
+            PAYMENT_SERVICE,
+            NOTIFICATION_SERVICE,
+            PAYMENT_PROVIDER,
+        ];
+        services
+            .iter()
+            .all(|service| spans.iter().any(|span| span.service == *service))
+            .then_some(())
+    })
+    .await;
+}
+
+/// A collector whose certificate the service does not trust stops it at start, with
+/// what OpenSSL said and the setting that fixes it, rather than losing every span.
+#[tokio::test]
+async fn a_collector_certificate_from_a_ca_not_given_stops_a_service_at_start_naming_why() {
+    let ca = TestCa::new("order-saga collector test CA");
+    let sink = OtlpSink::keeping_over_tls(&ca).await;
+    let another = TestCa::new("another CA");
+    let db = saga_testkit::TestDatabase::empty().await;
+    let run = tokio::process::Command::new(saga_e2e::binary(PAYMENT_PROVIDER))
+        .env("DATABASE_URL", &db.url)
+        .env("HTTP_ADDR", "127.0.0.1:0")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint())
+        .env("OTEL_EXPORTER_OTLP_CERTIFICATE", another.ca_file())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(SETTLE, run)
+        .await
+        .expect("it stops at start")
+        .expect("the provider's binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("Error: "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let expected = format!(
+        "Error: traces: the collector at {} refused TLS: ",
+        sink.endpoint()
+    );
+    assert!(error.starts_with(&expected), "{error}");
+    assert!(error.contains("certificate verify failed"), "{error}");
+    assert!(
+        error.ends_with("(the CA to trust: OTEL_EXPORTER_OTLP_CERTIFICATE)"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -77,6 +77,15 @@ pub struct Config {
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8083")]
     pub http_addr: SocketAddr,
 
+    /// Serve HTTPS with this certificate chain (PEM), as a real card processor does;
+    /// plain HTTP without it.
+    #[arg(long, env = "TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+
     #[command(flatten)]
     pub http: saga::config::HttpLimits,
 
@@ -126,7 +135,7 @@ pub async fn start_local(
     let mut config = Config::local(database_url);
     configure(&mut config);
     let app = Application::build(config).await?;
-    let url = format!("http://{}", app.local_addr());
+    let url = app.url();
     let shutdown = CancellationToken::new();
     tokio::spawn(app.run_until_stopped(shutdown.clone()));
     Ok((url, shutdown))
@@ -141,9 +150,13 @@ pub struct Application {
 impl Application {
     /// Binds the listener and migrates the database, waiting for one that is not up yet.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(config.http_addr)
+        let tcp = TcpListener::bind(config.http_addr)
             .await
             .with_context(|| format!("cannot listen on {}", config.http_addr))?;
+        let listener = match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(cert), Some(key)) => saga::https::Listener::tls(tcp, cert, key)?,
+            _ => saga::https::Listener::plain(tcp),
+        };
         saga::db::migrate_when_reachable(|| {
             saga::db::migrate_alone(config.database_url.as_str(), migrations, HISTORY_TABLE)
         })
@@ -162,10 +175,13 @@ impl Application {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .0
-            .local_addr()
+        axum::serve::Listener::local_addr(&self.listener.0)
             .expect("a bound listener has an address")
+    }
+
+    /// Its base URL: `https://` when it serves TLS.
+    pub fn url(&self) -> String {
+        format!("{}://{}", self.listener.0.scheme(), self.local_addr())
     }
 
     /// Serves the API, the admin endpoints and `/health`, and prunes expired keys, until

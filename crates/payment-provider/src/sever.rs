@@ -16,10 +16,11 @@ use std::task::{Context, Poll};
 
 use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
+use saga::https::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 
-pub struct SeverableListener(pub TcpListener);
+/// Over HTTPS too, when the provider has a certificate: severing cuts the TLS stream.
+pub struct SeverableListener(pub saga::https::Listener);
 
 impl Listener for SeverableListener {
     type Io = Severable;
@@ -63,7 +64,7 @@ impl Connected<IncomingStream<'_, SeverableListener>> for Connection {
 }
 
 pub struct Severable {
-    stream: TcpStream,
+    stream: Stream,
     connection: Connection,
 }
 

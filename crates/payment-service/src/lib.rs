@@ -90,6 +90,7 @@ impl Application {
         )
         .await?;
         let provider = Provider::new(&config.provider)?;
+        provider.check_tls().await?;
         Ok(Self { service, provider })
     }
 

@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use clap::Args;
 use metrics::{counter, histogram};
 use reqwest::StatusCode;
@@ -26,9 +27,15 @@ pub use refunds::{ProviderCharge, Refund, RefundRequest};
 
 #[derive(Debug, Clone, Args)]
 pub struct ProviderConfig {
-    /// Base URL of the card provider (payment-provider).
+    /// Base URL of the card provider (payment-provider): `https://` for a real one.
     #[arg(long, env = "PROVIDER_URL", default_value = "http://127.0.0.1:8083")]
     pub provider_url: String,
+
+    /// A PEM file of the CA (or CAs) to trust for an `https://` provider, beside the
+    /// system's own: one whose certificate a private CA signed. A provider whose
+    /// certificate is not trusted stops the service at start.
+    #[arg(long, env = "PROVIDER_CA_FILE")]
+    pub provider_ca_file: Option<std::path::PathBuf>,
 
     /// How long to wait for the provider to accept a connection.
     #[arg(long, env = "PROVIDER_CONNECT_TIMEOUT", default_value = "1s",
@@ -79,6 +86,7 @@ pub enum Answer {
 #[derive(Clone)]
 pub struct Provider {
     http: reqwest::Client,
+    base: String,
     charges_url: String,
     refunds_url: String,
     /// `PROVIDER_KEY_TTL`.
@@ -87,17 +95,41 @@ pub struct Provider {
 
 impl Provider {
     pub fn new(config: &ProviderConfig) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .connect_timeout(config.provider_connect_timeout)
-            .timeout(config.provider_timeout)
-            .build()?;
+            .timeout(config.provider_timeout);
+        if let Some(file) = &config.provider_ca_file {
+            for certificate in saga::https::ca_certificates(file).context("PROVIDER_CA_FILE")? {
+                http = http.add_root_certificate(certificate);
+            }
+        }
         let base = config.provider_url.trim_end_matches('/');
         Ok(Self {
-            http,
+            base: base.to_owned(),
+            http: http.build()?,
             charges_url: format!("{base}/v1/charges"),
             refunds_url: format!("{base}/v1/refunds"),
             key_ttl: config.provider_key_ttl,
         })
+    }
+
+    /// For an `https://` provider, whether it presents a certificate this client trusts:
+    /// asked once at start, so that a wrong CA stops the service with what OpenSSL said,
+    /// rather than every charge failing later as if the provider were away. A provider
+    /// that does not answer is not waited for: calls wait for it.
+    pub async fn check_tls(&self) -> anyhow::Result<()> {
+        if !self.base.starts_with("https://") {
+            return Ok(());
+        }
+        if let Err(error) = self.http.get(&self.base).send().await
+            && let Some(refusal) = saga::https::refusal(&error)
+        {
+            anyhow::bail!(
+                "the card provider at {} refused TLS: {refusal} (the CA to trust: PROVIDER_CA_FILE)",
+                self.base
+            );
+        }
+        Ok(())
     }
 
     /// Asks for a charge under `key`; every call for one order must send the same key.

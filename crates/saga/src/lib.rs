@@ -50,6 +50,7 @@ pub mod events;
 pub mod failpoint;
 pub mod handler;
 pub mod http;
+pub mod https;
 pub mod idempotency;
 pub mod inbox;
 pub mod kafka;

@@ -5,9 +5,11 @@
 //! apart: no log line becomes a span's event, and no span a log line's prefix.
 
 use std::io::IsTerminal;
+use std::path::Path;
+use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{SpanExporter, WithExportConfig as _};
+use opentelemetry_otlp::{SpanExporter, WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -22,6 +24,9 @@ Traces (OpenTelemetry; off unless an endpoint is set):
   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT  the full URL for spans, instead of the above
   OTEL_EXPORTER_OTLP_HEADERS          key=value,… sent with each export (credentials)
   OTEL_EXPORTER_OTLP_TIMEOUT          milliseconds per export (10000)
+  OTEL_EXPORTER_OTLP_CERTIFICATE      PEM file of the CA to trust for an https://
+                                      collector, beside the system's; a collector whose
+                                      certificate is not trusted stops the service at start
   OTEL_SERVICE_NAME                   service.name (default: the binary's name)
   OTEL_RESOURCE_ATTRIBUTES            key=value,… added to every span's resource
   OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG
@@ -105,6 +110,7 @@ fn provider(service: &str) -> anyhow::Result<SdkTracerProvider> {
     let exporter = SpanExporter::builder()
         .with_http()
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_http_client(exporter_client()?)
         .build()
         .map_err(|error| anyhow::anyhow!("traces: OTEL_EXPORTER_OTLP_*: {error}"))?;
     let mut resource = Resource::builder();
@@ -116,4 +122,60 @@ fn provider(service: &str) -> anyhow::Result<SdkTracerProvider> {
         .with_batch_exporter(exporter)
         .with_resource(resource.build())
         .build())
+}
+
+/// The longest the check of an `https://` collector's certificate may hold the start up.
+const COLLECTOR_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The exporter's HTTP client: `OTEL_EXPORTER_OTLP_TIMEOUT` per export, and the CA of
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE` trusted beside the system's (each variable's
+/// `_TRACES_` form first, as the specification orders). For an `https://` endpoint, the
+/// collector's certificate is checked now: one not trusted stops the service with what
+/// OpenSSL said, rather than every export failing in silence. A collector that does not
+/// answer is not waited for: it may come later.
+///
+/// On a thread of its own: a blocking client must not be made or used on the runtime's.
+fn exporter_client() -> anyhow::Result<reqwest::blocking::Client> {
+    let var = |name: &str| {
+        let traces = name.replace("OTEL_EXPORTER_OTLP_", "OTEL_EXPORTER_OTLP_TRACES_");
+        [traces, name.to_owned()].into_iter().find_map(|name| {
+            std::env::var(&name)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (name, v))
+        })
+    };
+    let timeout = match var("OTEL_EXPORTER_OTLP_TIMEOUT") {
+        Some((name, ms)) => Duration::from_millis(
+            ms.trim()
+                .parse()
+                .map_err(|e| anyhow::anyhow!("traces: {name} `{ms}`: {e}"))?,
+        ),
+        None => Duration::from_secs(10),
+    };
+    let ca = var("OTEL_EXPORTER_OTLP_CERTIFICATE");
+    let endpoint = var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|(_, url)| url);
+    let built = std::thread::spawn(move || -> anyhow::Result<reqwest::blocking::Client> {
+        let mut builder = reqwest::blocking::Client::builder().timeout(timeout);
+        if let Some((name, file)) = &ca {
+            for certificate in crate::https::ca_certificates(Path::new(file))
+                .map_err(|e| anyhow::anyhow!("traces: {name}: {e:#}"))?
+            {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let client = builder.build()?;
+        if let Some(url) = endpoint.filter(|url| url.starts_with("https://")) {
+            let asked = client.get(&url).timeout(COLLECTOR_CHECK_TIMEOUT).send();
+            if let Some(refusal) = asked.err().as_ref().and_then(|e| crate::https::refusal(e)) {
+                anyhow::bail!(
+                    "traces: the collector at {url} refused TLS: {refusal} (the CA to trust: OTEL_EXPORTER_OTLP_CERTIFICATE)"
+                );
+            }
+        }
+        Ok(client)
+    });
+    built
+        .join()
+        .map_err(|_| anyhow::anyhow!("traces: making the exporter's client panicked"))?
 }

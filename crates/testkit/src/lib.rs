@@ -29,6 +29,7 @@ pub mod browser;
 pub mod otlp;
 pub mod provider;
 pub mod race;
+pub mod tls;
 
 /// Test databases are named with this prefix; `scripts/test` drops leftovers.
 pub const DATABASE_PREFIX: &str = "saga_test_";

@@ -56,26 +56,35 @@ pub struct OtlpSink {
 impl OtlpSink {
     /// Starts a receiver that keeps every span.
     pub async fn keeping() -> Self {
-        Self::start(true).await
+        Self::start(true, None).await
+    }
+
+    /// Starts a receiver that keeps every span, over HTTPS with a certificate `ca` signed.
+    pub async fn keeping_over_tls(ca: &crate::tls::TestCa) -> Self {
+        Self::start(true, Some(ca.server())).await
     }
 
     /// Starts a receiver that counts spans, then drops them undecoded.
     pub async fn discarding() -> Self {
-        Self::start(false).await
+        Self::start(false, None).await
     }
 
-    async fn start(keep: bool) -> Self {
+    async fn start(keep: bool, tls: Option<(std::path::PathBuf, std::path::PathBuf)>) -> Self {
         let received = Arc::new(Mutex::new(Received::default()));
         let router = axum::Router::new()
             .route("/v1/traces", post(receive))
             .with_state((received.clone(), keep));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a free local port");
-        let endpoint = format!(
-            "http://{}",
-            listener.local_addr().expect("a bound listener's address")
-        );
+        let address = tcp.local_addr().expect("a bound listener's address");
+        let listener = match tls {
+            Some((cert, key)) => {
+                saga::https::Listener::tls(tcp, &cert, &key).expect("the test CA's certificate")
+            }
+            None => saga::https::Listener::plain(tcp),
+        };
+        let endpoint = format!("{}://{address}", listener.scheme());
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });

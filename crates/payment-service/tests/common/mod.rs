@@ -57,6 +57,7 @@ pub fn client_of(url: &str, timeout: Duration) -> Provider {
         provider_connect_timeout: Duration::from_secs(1),
         provider_timeout: timeout,
         provider_key_ttl: std::time::Duration::from_secs(24 * 3600),
+        provider_ca_file: None,
     })
     .unwrap()
 }
