@@ -2,8 +2,10 @@
 schemas: the properties the chart promises, and the operators' resources, which have no
 schema here, by kind, apiVersion and the figures the services depend on.
 
-    check_objects.py rendered DEFAULT OTHER...   what `helm template` rendered, first with
-                                                 the default values
+    check_objects.py rendered OWN... -- OTHER...  what `helm template` rendered: OWN with
+                                                  values that set no extraEnv, so every
+                                                  variable is one the chart names; OTHER
+                                                  with extraEnv too
     check_objects.py examples DIR TOPICS PARTITIONS DATABASES
 
 TOPICS and DATABASES are comma-separated, from scripts/lib.sh. Prints one line per
@@ -29,6 +31,18 @@ OPERATOR_KINDS = {
 DEFAULT_INBOX_RETENTION_MS = 14 * 86_400_000
 # A request's longest time when HTTP_REQUEST_TIMEOUT is not set.
 DEFAULT_REQUEST_TIMEOUT_S = 30
+# The librdkafka properties the chart sets as KAFKA_CLIENT_<PROPERTY>[_FILE], by their
+# names in librdkafka's CONFIGURATION.md (not available offline: a misspelt one here and
+# in the chart alike would pass).
+KAFKA_CLIENT_PROPERTIES = {
+    "security.protocol", "ssl.ca.location", "sasl.mechanism", "sasl.username", "sasl.password",
+}
+# Variables whose value is a file the service reads: each must be a file the pod mounts.
+FILE_VARIABLES = re.compile(r".*(_FILE|_LOCATION|_CERTIFICATE)$")
+# Variables that hold a secret: never given a literal value.
+SECRET_VARIABLES = re.compile(r".*(PASSWORD|SECRET|TOKEN|HEADERS)$")
+# A URL with a password in it.
+URL_WITH_PASSWORD = re.compile(r"://[^/@:\s]+:[^/@\s]+@")
 
 failures = []
 
@@ -53,19 +67,95 @@ def seconds(duration):
 
 def variables_read_by(binary):
     """The variables `binary` may read, from the source: every clap `env = "NAME"` of the
-    saga library and of the binary's crate, and what the logging setup reads itself.
-    A union over the library's settings, so it catches a misspelt name, not a setting
-    given to a binary whose settings lack it."""
+    saga library and of the binary's crate, what the logging setup reads itself, the
+    OpenTelemetry variables its `--help` lists (telemetry.rs), and the Kafka client
+    properties the chart sets, in the `KAFKA_CLIENT_` form client.rs reads, plain or
+    `_FILE`. A union over the library's settings, so it catches a misspelt name, not a
+    setting given to a binary whose settings lack it."""
     names = {"RUST_LOG"}
     for crate in ("saga", binary):
         for source in (ROOT / "crates" / crate / "src").rglob("*.rs"):
             text = source.read_text(encoding="utf-8")
             names.update(re.findall(r'env = "([A-Z][A-Z0-9_]*)"', text))
             names.update(re.findall(r'env::var\("([A-Z][A-Z0-9_]*)"\)', text))
+    telemetry = (ROOT / "crates/saga/src/telemetry.rs").read_text(encoding="utf-8")
+    help_text = telemetry[telemetry.index("OTEL_HELP"):]
+    names.update(re.findall(r"\b(OTEL_[A-Z_]*[A-Z])\b", help_text[:help_text.index('";')]))
+    client = (ROOT / "crates/saga/src/kafka/client.rs").read_text(encoding="utf-8")
+    prefix = re.search(r'pub const PREFIX: &str = "([A-Z_]+)";', client)[1]
+    if 'strip_suffix("_FILE")' in client:
+        for property in KAFKA_CLIENT_PROPERTIES:
+            variable = prefix + property.upper().replace(".", "_")
+            names.update({variable, variable + "_FILE"})
     return names
 
 
-def check_container(where, container, grace, own_settings_only):
+def mounted_files(pod, container):
+    """Every file the container sees from a volume: path -> (volume, the item's key)."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    files = {}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"], {})
+        source = volume.get("secret") or volume.get("configMap") or {}
+        for item in source.get("items", []):
+            files[f"{mount['mountPath'].rstrip('/')}/{item['path']}"] = (volume, item["key"])
+    return files
+
+
+def check_files(where, pod, container, env):
+    """Secrets and CAs as files: mounted read-only, mode 0440 at most (no write, no one
+    but the owner and the pods' group), readable by the pods' group, and every variable
+    naming a file names one mounted."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"], {})
+        if ("secret" in volume or "configMap" in volume) and mount.get("readOnly") is not True:
+            fail(where, f"volume {mount['name']} mounted writable")
+    for volume in volumes.values():
+        source = volume.get("secret") or volume.get("configMap")
+        if source is None:
+            continue
+        modes = [source.get("defaultMode", 0o644)]
+        modes += [item["mode"] for item in source.get("items", []) if "mode" in item]
+        if any(mode & ~0o440 for mode in modes):
+            fail(where, f"volume {volume['name']}'s files have mode {max(modes):04o}, "
+                        "more than 0440")
+        if not source.get("items"):
+            fail(where, f"volume {volume['name']} mounts every key of its source, "
+                        "not only the one named")
+        if "fsGroup" not in pod.get("securityContext", {}):
+            fail(where, f"volume {volume['name']}'s files are root's, and no fsGroup "
+                        "lets the service's user read them")
+    files = mounted_files(pod, container)
+    for name, variable in env.items():
+        if FILE_VARIABLES.match(name) and variable.get("value") not in files:
+            fail(where, f"{name}={variable.get('value')} is no file the pod mounts")
+    url_file = env.get("DATABASE_URL_FILE", {}).get("value")
+    from_secret = "secretKeyRef" in env.get("DATABASE_URL", {}).get("valueFrom", {})
+    if url_file:
+        if from_secret or "DATABASE_URL" in env:
+            fail(where, "both DATABASE_URL and DATABASE_URL_FILE set")
+        if url_file in files and "secret" not in files[url_file][0]:
+            fail(where, "DATABASE_URL_FILE not mounted from a Secret")
+    elif not from_secret:
+        fail(where, "DATABASE_URL neither read from a Secret nor a file mounted from one")
+    if env.get("KAFKA_CLIENT_SASL_MECHANISM") and "KAFKA_CLIENT_SASL_PASSWORD_FILE" not in env:
+        fail(where, "a Kafka login without KAFKA_CLIENT_SASL_PASSWORD_FILE")
+
+
+def check_no_secret_in_env(where, env):
+    for name, variable in env.items():
+        value = variable.get("value")
+        if value is None:
+            continue
+        if SECRET_VARIABLES.match(name):
+            fail(where, f"{name} given as a literal value, not from a Secret")
+        if URL_WITH_PASSWORD.search(value):
+            fail(where, f"{name}'s value holds a URL with a password")
+
+
+def check_container(where, pod, container, own_settings_only):
+    grace = pod.get("terminationGracePeriodSeconds", 30)
     security = container.get("securityContext", {})
     if security.get("readOnlyRootFilesystem") is not True:
         fail(where, "root filesystem not read-only")
@@ -92,8 +182,8 @@ def check_container(where, container, grace, own_settings_only):
         unread = sorted(set(env) - variables_read_by(binary))
         if unread:
             fail(where, f"sets {unread}, which {binary} does not read")
-    if "secretKeyRef" not in env.get("DATABASE_URL", {}).get("valueFrom", {}):
-        fail(where, "DATABASE_URL not read from a Secret")
+    check_files(where, pod, container, env)
+    check_no_secret_in_env(where, env)
     timeout = env.get("HTTP_REQUEST_TIMEOUT", {}).get("value", f"{DEFAULT_REQUEST_TIMEOUT_S}s")
     delay = env.get("SHUTDOWN_DELAY", {}).get("value", "0s")
     stop = [seconds(timeout), seconds(delay)]
@@ -102,31 +192,32 @@ def check_container(where, container, grace, own_settings_only):
                     f"{delay} and a request's {timeout}")
 
 
-def check_rendered(paths):
-    for index, path in enumerate(paths):
+def check_rendered(own, other):
+    for path in own + other:
         objects = load(path)
-        path = Path(path).stem
+        name = Path(path).stem
         failed_before = len(failures)
         deployments = [o for o in objects if o["kind"] == "Deployment"]
         if not deployments:
-            fail(path, "no Deployment rendered")
+            fail(name, "no Deployment rendered")
         pod_labels = []
         for deployment in deployments:
-            where = f"{path}: Deployment {deployment['metadata']['name']}"
+            where = f"{name}: Deployment {deployment['metadata']['name']}"
             pod = deployment["spec"]["template"]["spec"]
             if pod.get("securityContext", {}).get("runAsNonRoot") is not True:
                 fail(where, "may run as root")
             for container in pod["containers"]:
-                grace = pod.get("terminationGracePeriodSeconds", 30)
-                check_container(where, container, grace, own_settings_only=index == 0)
+                check_container(where, pod, container, own_settings_only=path in own)
             pod_labels.append(deployment["spec"]["template"]["metadata"]["labels"])
         for service in (o for o in objects if o["kind"] == "Service"):
             selector = service["spec"]["selector"].items()
             if not any(selector <= labels.items() for labels in pod_labels):
-                fail(f"{path}: Service {service['metadata']['name']}", "selects no pod")
+                fail(f"{name}: Service {service['metadata']['name']}", "selects no pod")
         if len(failures) == failed_before:
-            print(f"{path} values: {len(objects)} objects, {len(deployments)} Deployments: "
+            print(f"{name} values: {len(objects)} objects, {len(deployments)} Deployments: "
                   "the chart's properties hold")
+
+
 
 
 def check_examples(directory, topics, partitions, databases):
@@ -191,8 +282,9 @@ def check_clusters(found, databases):
 
 
 def main(argv):
-    if argv[:1] == ["rendered"]:
-        check_rendered(argv[1:])
+    if argv[:1] == ["rendered"] and "--" in argv:
+        split = argv.index("--")
+        check_rendered(argv[1:split], argv[split + 1:])
     elif argv[:1] == ["examples"] and len(argv) == 5:
         check_examples(argv[1], argv[2].split(","), int(argv[3]), argv[4].split(","))
     else:

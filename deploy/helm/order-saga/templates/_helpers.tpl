@@ -69,3 +69,80 @@ uri
 {{- define "order-saga.inSaga" -}}
 {{- if ne .service "payment-provider" }}true{{ end -}}
 {{- end -}}
+
+{{/*
+Where a mounted file is: /etc/order-saga/<volume>/<file>. Each file has a volume and a
+directory of its own, holding that one key.
+*/}}
+{{- define "order-saga.filePath" -}}
+{{- printf "/etc/order-saga/%s/%s" .name .file -}}
+{{- end -}}
+
+{{/*
+The files a service's pods mount, as a JSON list of {name, secret, configMap, key, file}:
+its DATABASE_URL (database.urlFrom file), its database's CA, Kafka's CA and its Kafka
+password, the provider's CA (payment-service), the collector's CA. A file source is
+{secret, key} or {configMap, key}; neither set is none.
+*/}}
+{{- define "order-saga.files" -}}
+{{- $files := list -}}
+{{- $config := .config -}}
+{{- $values := .root.Values -}}
+{{- if eq $config.database.urlFrom "file" -}}
+{{- $files = append $files (dict "name" "database-url" "secret" (include "order-saga.databaseSecret" .) "configMap" "" "key" (include "order-saga.databaseKey" .) "file" "url") -}}
+{{- end -}}
+{{- with $config.database.ca -}}
+{{- if or .secret .configMap -}}
+{{- $files = append $files (dict "name" "database-ca" "secret" .secret "configMap" .configMap "key" .key "file" "ca.crt") -}}
+{{- end -}}
+{{- end -}}
+{{- if include "order-saga.inSaga" . -}}
+{{- with $values.kafka.tls.ca -}}
+{{- if and $values.kafka.tls.enabled (or .secret .configMap) -}}
+{{- $files = append $files (dict "name" "kafka-ca" "secret" .secret "configMap" .configMap "key" .key "file" "ca.crt") -}}
+{{- end -}}
+{{- end -}}
+{{- if $values.kafka.sasl.enabled -}}
+{{- $password := $config.kafkaUser.password -}}
+{{- $secret := required (printf "services.%s.kafkaUser.password.secret: the Secret holding its Kafka password, as kafka.sasl.enabled is set" .service) $password.secret -}}
+{{- $files = append $files (dict "name" "kafka-password" "secret" $secret "configMap" "" "key" $password.key "file" "password") -}}
+{{- end -}}
+{{- end -}}
+{{- if eq .service "payment-service" -}}
+{{- with $config.providerCa -}}
+{{- if or .secret .configMap -}}
+{{- $files = append $files (dict "name" "provider-ca" "secret" .secret "configMap" .configMap "key" .key "file" "ca.crt") -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $values.traces.ca -}}
+{{- if and $values.traces.endpoint (or .secret .configMap) -}}
+{{- $files = append $files (dict "name" "traces-ca" "secret" .secret "configMap" .configMap "key" .key "file" "ca.crt") -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end -}}
+
+{{/* The path of file `name` if the service mounts it, else nothing. */}}
+{{- define "order-saga.mounted" -}}
+{{- range (include "order-saga.files" .ctx | fromJsonArray) -}}
+{{- if eq .name $.name -}}
+{{- include "order-saga.filePath" . -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+What the chart refuses that the schema cannot say: a setting that would be ignored in
+silence.
+*/}}
+{{- define "order-saga.refuse" -}}
+{{- $kafka := .Values.kafka -}}
+{{- if and (not $kafka.tls.enabled) (or $kafka.tls.ca.secret $kafka.tls.ca.configMap) -}}
+{{- fail "kafka.tls.ca is set but kafka.tls.enabled is false: the services would speak plaintext and never read it" -}}
+{{- end -}}
+{{- if and (not .Values.traces.endpoint) (or .Values.traces.ca.secret .Values.traces.ca.configMap .Values.traces.headers.secret) -}}
+{{- fail "traces.ca or traces.headers is set but traces.endpoint is empty: no trace would be exported" -}}
+{{- end -}}
+{{- end -}}
+
