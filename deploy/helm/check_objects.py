@@ -213,11 +213,92 @@ def check_rendered(own, other):
             selector = service["spec"]["selector"].items()
             if not any(selector <= labels.items() for labels in pod_labels):
                 fail(f"{name}: Service {service['metadata']['name']}", "selects no pod")
+        check_service_accounts(name, objects, deployments)
+        policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+        if policies:
+            check_network_policies(name, policies, deployments)
         if len(failures) == failed_before:
-            print(f"{name} values: {len(objects)} objects, {len(deployments)} Deployments: "
-                  "the chart's properties hold")
+            print(f"{name} values: {len(objects)} objects, {len(deployments)} Deployments, "
+                  f"{len(policies)} NetworkPolicies: the chart's properties hold")
 
 
+def check_service_accounts(name, objects, deployments):
+    """No token anywhere: the services never call the Kubernetes API."""
+    accounts = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ServiceAccount"}
+    for account in accounts.values():
+        if account.get("automountServiceAccountToken") is not False:
+            fail(f"{name}: ServiceAccount {account['metadata']['name']}", "mounts its token")
+    for deployment in deployments:
+        where = f"{name}: Deployment {deployment['metadata']['name']}"
+        pod = deployment["spec"]["template"]["spec"]
+        if pod.get("automountServiceAccountToken") is not False:
+            fail(where, "the service account's token is mounted")
+        if not pod.get("serviceAccountName"):
+            fail(where, "no serviceAccountName: the namespace's default")
+        elif accounts and pod["serviceAccountName"] not in accounts:
+            fail(where, f"ServiceAccount {pod['serviceAccountName']} is not the one rendered")
+
+
+def allows(rules, port, protocol="TCP"):
+    """Whether one of the NetworkPolicy rules lets `port` through (to any peer)."""
+    for rule in rules:
+        ports = rule.get("ports")
+        if not ports:
+            return True
+        for allowed in ports:
+            if allowed.get("protocol", "TCP") != protocol:
+                continue
+            low = allowed.get("port")
+            if low is None or low == port or (
+                    isinstance(low, int) and low <= port <= allowed.get("endPort", low)):
+                return True
+    return False
+
+
+def url_port(url):
+    match = re.match(r"(https?)://[^/:]+(?::(\d+))?", url)
+    if not match:
+        return None
+    return int(match[2]) if match[2] else {"http": 80, "https": 443}[match[1]]
+
+
+def check_network_policies(name, policies, deployments):
+    """Each service's pods under a policy of both directions, taking connections on their
+    HTTP port alone, and let out to DNS and to every port their settings name: the
+    brokers', the provider's, the collector's."""
+    for deployment in deployments:
+        where = f"{name}: Deployment {deployment['metadata']['name']}"
+        labels = deployment["spec"]["template"]["metadata"]["labels"].items()
+        selecting = [p for p in policies
+                     if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels]
+        if len(selecting) != 1:
+            fail(where, f"selected by {len(selecting)} NetworkPolicies, not one")
+            continue
+        spec = selecting[0]["spec"]
+        if sorted(spec.get("policyTypes", [])) != ["Egress", "Ingress"]:
+            fail(where, f"its NetworkPolicy holds {spec.get('policyTypes')}, not both ways")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        port = container["ports"][0]["containerPort"]
+        for rule in spec.get("ingress", []):
+            opened = {p.get("port") for p in rule.get("ports", [{}])}
+            if opened - {port, "http"}:
+                fail(where, f"its NetworkPolicy opens {sorted(map(str, opened))}, "
+                            f"not its HTTP port {port} alone")
+        egress = spec.get("egress", [])
+        env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
+        wanted = {"DNS": [(53, "UDP")]}
+        brokers = env.get("KAFKA_BROKERS")
+        if brokers:
+            wanted["KAFKA_BROKERS"] = [(int(b.rsplit(":", 1)[1]) if ":" in b else 9092, "TCP")
+                                       for b in brokers.split(",")]
+        for variable in ("PROVIDER_URL", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+            if env.get(variable):
+                wanted[variable] = [(url_port(env[variable]), "TCP")]
+        for what, ports in wanted.items():
+            for port, protocol in ports:
+                if port is None or not allows(egress, port, protocol):
+                    fail(where, f"its NetworkPolicy lets no connection out to {what}'s "
+                                f"port {port}/{protocol}")
 
 
 def check_examples(directory, topics, partitions, databases):

@@ -70,6 +70,15 @@ uri
 {{- if ne .service "payment-provider" }}true{{ end -}}
 {{- end -}}
 
+{{/* The pods' ServiceAccount: the release's own, or the one named. */}}
+{{- define "order-saga.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default .Release.Name .Values.serviceAccount.name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
 {{/*
 Where a mounted file is: /etc/order-saga/<volume>/<file>. Each file has a volume and a
 directory of its own, holding that one key.
@@ -146,3 +155,13 @@ silence.
 {{- end -}}
 {{- end -}}
 
+{{/* An egress rule of networkPolicy.egress: its ports, to its peers (none: anywhere). */}}
+{{- define "order-saga.egressRule" -}}
+# {{ .what }}{{ if not .rule.to }}, anywhere{{ end }}.
+- ports:
+    {{- toYaml .rule.ports | nindent 4 }}
+  {{- with .rule.to }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
