@@ -48,7 +48,9 @@ use std::sync::Arc;
 use ::metrics::counter;
 use futures::StreamExt;
 use rdkafka::consumer::Consumer as _;
+use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
+use rdkafka::topic_partition_list::Offset;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -56,7 +58,7 @@ use tokio_util::task::TaskTracker;
 use crate::handler::{Applier, Handler};
 use crate::metrics;
 use dispatch::PartitionWorker;
-use fetch::{ErrorLog, Lanes};
+use fetch::{ErrorLog, Item, Lanes};
 use ownership::Ownership;
 
 /// Records buffered per partition ahead of its worker (about 1 KiB each).
@@ -109,6 +111,15 @@ impl ConsumerSettings {
     }
 }
 
+/// Where librdkafka will read `partition` next: at its end, past any transaction marker.
+fn end_of(consumer: &fetch::SagaConsumer, topic: &str, partition: i32) -> Option<i64> {
+    let positions = consumer.position().ok()?;
+    match positions.find_partition(topic, partition)?.offset() {
+        Offset::Offset(offset) => Some(offset),
+        _ => None,
+    }
+}
+
 /// Consumes `settings.topic` with `applier` until `shutdown` is cancelled, sending the
 /// records it can never apply to `settings.dead_letter_topic` with `dead_letters` (an
 /// idempotent producer, [`crate::kafka::idempotent_producer`]; a service's relay lends
@@ -147,10 +158,16 @@ pub async fn run<H: Handler>(
             }
             received = consumer.recv() => received.map(|m| m.detach()),
         };
-        let message = match received {
+        let item = match received {
             Ok(message) => {
                 counter!(metrics::RECORDS_RECEIVED, "topic" => settings.topic.clone()).increment(1);
-                message
+                Item::Record(message)
+            }
+            Err(KafkaError::PartitionEOF(partition)) => {
+                match end_of(&consumer, &settings.topic, partition) {
+                    Some(offset) => Item::End { partition, offset },
+                    None => continue,
+                }
             }
             Err(error) => {
                 // Broker unreachable and the like: librdkafka reconnects by itself and
@@ -165,7 +182,7 @@ pub async fn run<H: Handler>(
                 continue;
             }
         };
-        let handed = lanes.hand(message, |owned| {
+        let handed = lanes.hand(item, |owned| {
             let (tx, rx) = mpsc::channel(PARTITION_QUEUE);
             workers.spawn(owned.task(worker.clone().run(rx, owned.clone())));
             tx

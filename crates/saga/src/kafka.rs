@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers as _, Message, OwnedMessage};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
@@ -171,31 +171,39 @@ pub fn read_topic(brokers: &str, topic: &str) -> anyhow::Result<Vec<OwnedMessage
         // Required by the client, used for nothing: the partitions are assigned by hand.
         .set("group.id", "order-saga-reader")
         .set("enable.auto.commit", "false")
+        // The end is where librdkafka says it is: a partition's offsets are not all
+        // records, as each Kafka transaction the relays commit leaves a marker, which a
+        // reader skips.
+        .set("enable.partition.eof", "true")
         .create()?;
     let timeout = Duration::from_secs(10);
     let mut assignment = TopicPartitionList::new();
-    let mut remaining = 0;
+    let mut unread = std::collections::BTreeSet::new();
     for partition in 0..partition_count(&consumer, topic)? {
         let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
         if high > low {
             assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
-            remaining += high - low;
+            unread.insert(partition);
         }
     }
     let mut records = Vec::new();
-    if remaining == 0 {
+    if unread.is_empty() {
         return Ok(records);
     }
     consumer.assign(&assignment)?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while remaining > 0 {
+    while !unread.is_empty() {
         anyhow::ensure!(
             Instant::now() < deadline,
-            "timed out reading {topic}: {remaining} records short of its end"
+            "timed out reading {topic}: partitions {unread:?} not read to their end"
         );
-        if let Some(message) = consumer.poll(Duration::from_millis(500)) {
-            records.push(message?.detach());
-            remaining -= 1;
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(message)) => records.push(message.detach()),
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                unread.remove(&partition);
+            }
+            Some(Err(error)) => return Err(error.into()),
+            None => {}
         }
     }
     Ok(records)

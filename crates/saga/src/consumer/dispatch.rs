@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
 use super::dead_letters::Failure;
+use super::fetch::Item;
 use super::fetch::SagaConsumer;
 use super::ownership::Owned;
 use super::{ConsumerSettings, LOOK_AHEAD};
@@ -100,6 +101,14 @@ type Ahead<P> = Option<Prepare<P>>;
 /// (`None` if its partition was revoked first).
 type Prepare<P> = tokio::task::JoinHandle<Option<(Envelope, Result<Step<P>, HandlerError>)>>;
 
+/// The partition's end ([`Item::End`]) last met, stored once every record before it is
+/// finished and no record after it came; and the offset stored last.
+#[derive(Default)]
+struct End {
+    seen: Option<(i32, i64)>,
+    stored: i64,
+}
+
 /// A record taken from its partition's queue: its spans, and its prepare if begun.
 struct Taken<P> {
     message: OwnedMessage,
@@ -146,11 +155,7 @@ impl<H: Handler> PartitionWorker<H> {
     ///
     /// It runs as one of `owned`'s tasks, as do its prepares: a revoke of the partition
     /// drops them all at their next `.await` ([`super::ownership`]).
-    pub(super) async fn run(
-        self: Arc<Self>,
-        mut queue: mpsc::Receiver<OwnedMessage>,
-        owned: Owned,
-    ) {
+    pub(super) async fn run(self: Arc<Self>, mut queue: mpsc::Receiver<Item>, owned: Owned) {
         let batch_size = self.settings.batch_size.max(1);
         let look_ahead = if batch_size > 1 {
             batch_size
@@ -161,6 +166,7 @@ impl<H: Handler> PartitionWorker<H> {
         let mut batch: Vec<Taken<H::Prepared>> = Vec::with_capacity(batch_size);
         // The partition's oldest unfinished record is the first of the batch in hand.
         let mut partition = None;
+        let mut end = End::default();
         loop {
             // What was prepared ahead first, then what waits in the queue (never waiting
             // for more than one record).
@@ -169,15 +175,16 @@ impl<H: Handler> PartitionWorker<H> {
                 if let Some(partition) = partition {
                     metrics::record_in_hand(&self.settings.topic, partition, None);
                 }
-                match queue.recv().await {
-                    // A record on its own is prepared in its turn, not ahead of it.
-                    Some(message) => batch.push(self.take(message, batch_size > 1, &owned)),
-                    None => return,
-                }
+                let Some(message) = self.next_record(&mut queue, &mut end).await else {
+                    return;
+                };
+                // A record on its own is prepared in its turn, not ahead of it.
+                batch.push(self.take(message, batch_size > 1, &owned));
             }
             while batch.len() < batch_size {
                 match queue.try_recv() {
-                    Ok(message) => batch.push(self.take(message, true, &owned)),
+                    Ok(Item::Record(message)) => batch.push(self.take(message, true, &owned)),
+                    Ok(Item::End { partition, offset }) => end.seen = Some((partition, offset)),
                     Err(_) => break,
                 }
             }
@@ -196,15 +203,45 @@ impl<H: Handler> PartitionWorker<H> {
                     tokio::select! {
                         biased;
                         done = &mut applying => break done,
-                        Some(following) = queue.recv(), if room => {
-                            ahead.push_back(self.take(following, true, &owned));
-                        }
+                        Some(following) = queue.recv(), if room => match following {
+                            Item::Record(following) => ahead.push_back(self.take(following, true, &owned)),
+                            Item::End { partition, offset } => end.seen = Some((partition, offset)),
+                        },
                     }
                 }
             };
             match done {
-                Done::Finished => batch.clear(),
+                Done::Finished => {
+                    let last = batch
+                        .last()
+                        .expect("a batch is never empty")
+                        .message
+                        .offset();
+                    end.stored = end.stored.max(last + 1);
+                    batch.clear();
+                }
                 Done::Abandoned => return,
+            }
+        }
+    }
+
+    /// The next record, waited for with every record before it finished: an end of the
+    /// partition met meanwhile is stored then, as nothing before it is unfinished.
+    async fn next_record(
+        &self,
+        queue: &mut mpsc::Receiver<Item>,
+        end: &mut End,
+    ) -> Option<OwnedMessage> {
+        loop {
+            if let Some((partition, offset)) = end.seen.take()
+                && offset > end.stored
+            {
+                self.store_end(partition, offset);
+                end.stored = offset;
+            }
+            match queue.recv().await? {
+                Item::Record(message) => return Some(message),
+                Item::End { partition, offset } => end.seen = Some((partition, offset)),
             }
         }
     }

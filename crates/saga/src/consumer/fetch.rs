@@ -216,6 +216,9 @@ pub(super) fn connect(
             .set("auto.commit.interval.ms", "1000")
             // The loop stores an offset only once its record is fully handled.
             .set("enable.auto.offset.store", "false")
+            // Each partition's end reported, for the offset past the last transaction
+            // marker ([`Item::End`]).
+            .set("enable.partition.eof", "true")
             // A new group starts at the beginning: no event written before it existed is lost.
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
@@ -267,10 +270,33 @@ pub(super) struct Room {
 struct Lane {
     /// The ownership its worker works for.
     generation: u64,
-    queue: mpsc::Sender<OwnedMessage>,
+    queue: mpsc::Sender<Item>,
     /// Received for this partition but not yet in its queue, in offset order; not empty
     /// exactly while the partition is paused.
-    held: VecDeque<OwnedMessage>,
+    held: VecDeque<Item>,
+}
+
+/// What a partition's worker is handed, in the partition's order.
+pub(super) enum Item {
+    Record(OwnedMessage),
+    /// librdkafka reached the partition's end: the next offset to read is `offset`,
+    /// past the markers the relays' Kafka transactions leave, which are offsets but not
+    /// records. Once every record before it is finished, the worker stores it, so that
+    /// the group's committed offset reaches the end (a lag of 0) instead of stopping at
+    /// the last marker.
+    End {
+        partition: i32,
+        offset: i64,
+    },
+}
+
+impl Item {
+    fn partition(&self) -> i32 {
+        match self {
+            Item::Record(message) => message.partition(),
+            Item::End { partition, .. } => *partition,
+        }
+    }
 }
 
 impl Lanes {
@@ -291,13 +317,13 @@ impl Lanes {
     /// owned is dropped: its new owner reads it from the committed offset.
     pub(super) fn hand(
         &mut self,
-        message: OwnedMessage,
-        spawn: impl FnOnce(&Owned) -> mpsc::Sender<OwnedMessage>,
+        message: Item,
+        spawn: impl FnOnce(&Owned) -> mpsc::Sender<Item>,
     ) -> bool {
         self.forget_the_revoked();
         let partition = message.partition();
         let Some(owned) = self.ownership.owned(partition) else {
-            tracing::debug!(target: LOG_TARGET, partition, offset = message.offset(),
+            tracing::debug!(target: LOG_TARGET, partition,
                 "a record of a partition no longer owned: left to its owner");
             return true;
         };

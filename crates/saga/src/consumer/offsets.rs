@@ -33,6 +33,23 @@ impl<H: Handler> PartitionWorker<H> {
     }
 }
 
+impl<H: Handler> PartitionWorker<H> {
+    /// Stores `offset`, the partition's end, as the next to read: past the transaction
+    /// markers after its last record.
+    pub(super) fn store_end(&self, partition: i32, offset: i64) {
+        if offset < 1 {
+            return;
+        }
+        // librdkafka stores offset + 1.
+        if let Err(error) = self
+            .consumer
+            .store_offset(&self.settings.topic, partition, offset - 1)
+        {
+            tracing::debug!(target: LOG_TARGET, %error, "end offset not stored");
+        }
+    }
+}
+
 /// Commits the offsets stored, once the workers are done, so that the next owner of a
 /// partition starts after the last record finished here.
 pub(super) async fn commit_stored(consumer: &Arc<SagaConsumer>) -> anyhow::Result<()> {
