@@ -13,6 +13,11 @@
 //! - [`API_BEFORE_COMMIT`]: inside the transaction of `POST /v1/orders`, once the order,
 //!   its `order.created` row and its idempotency key are written, before `COMMIT`. The
 //!   client gets no answer and retries; with the same key it places the order once.
+//! - [`RELAY_BEFORE_SEND`]: not a crash but a freeze (SIGSTOP, sent by the process to
+//!   itself) of the relay between its check that it still holds the lease and its send:
+//!   the window in which a holder that stopped, and was thawed after a standby took
+//!   over, would publish a stale batch. Kafka fences it: the standby's
+//!   `init_transactions` made its producer's epoch stale.
 //!
 //! Four are not crashes but bugs on purpose, to show what a guard is for:
 //! [`FRESH_CHARGE_KEY`] makes payment-service send a new idempotency key on every call to
@@ -20,10 +25,9 @@
 //! [`FRESH_REFUND_KEY`] does the same to its refunds, so that a lost refund's retry
 //! refunds twice, [`LIST_DECIDES`] brings back a cancellation that trusts the provider's
 //! list of charges, so that a charge still committing is never refunded, and
-//! [`RELAY_ACKS_ONE`] makes a relay trust a partition's leader alone (and with it the
-//! dead letters, which its consumer sends with the relay's producer), so that on a
-//! cluster a leader's death loses a published event; the fault suite's checker must say
-//! so.
+//! [`RELAY_ACKS_ONE`] makes a relay trust a partition's leader alone (its transactions,
+//! which need every in-sync replica, turned off with it), so that on a cluster a leader's
+//! death loses a published event; the fault suite's checker must say so.
 //!
 //! They are off unless the `FAILPOINTS` environment variable arms them when the service
 //! starts, in the syntax of the `fail` crate: `name=actions;name=actions`. The action
@@ -47,6 +51,10 @@ pub const HANDLER_BEFORE_COMMIT: &str = "handler.before-commit";
 /// In the transaction of an order placed over HTTP, after its writes, before commit.
 pub const API_BEFORE_COMMIT: &str = "api.before-commit";
 
+/// The relay has checked its lease and read a batch; it has not sent it yet. Armed
+/// (`return`), the process freezes itself here ([`freeze_point`]).
+pub const RELAY_BEFORE_SEND: &str = "relay.before-send";
+
 /// Not a crash: while armed (`return`), payment-service sends a fresh idempotency key on
 /// each call to the provider instead of the order's one.
 pub const FRESH_CHARGE_KEY: &str = "charge.fresh-key";
@@ -67,9 +75,10 @@ pub const LIST_DECIDES: &str = "refund.list-decides";
 /// record loses it after the relay marked its row published.
 pub const RELAY_ACKS_ONE: &str = "relay.acks-one";
 
-const ALL: [&str; 8] = [
+const ALL: [&str; 9] = [
     CONSUMER_AFTER_HANDLER,
     RELAY_AFTER_ACK,
+    RELAY_BEFORE_SEND,
     HANDLER_BEFORE_COMMIT,
     API_BEFORE_COMMIT,
     FRESH_CHARGE_KEY,
@@ -115,6 +124,22 @@ pub fn crash_point(name: &str) {
         tracing::error!(failpoint = name, "failpoint reached: aborting the process");
         std::process::abort()
     });
+}
+
+/// Stops the process here (SIGSTOP to itself) if the failpoint `name` is armed and its
+/// actions say `return` for this hit: a freeze at an exact place, which whoever armed it
+/// ends with SIGCONT.
+pub fn freeze_point(name: &str) {
+    if fires(name) {
+        tracing::error!(failpoint = name, "failpoint reached: freezing the process");
+        let pid = std::process::id().to_string();
+        if let Err(error) = std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+        {
+            tracing::error!(failpoint = name, %error, "could not freeze the process");
+        }
+    }
 }
 
 /// Whether the failpoint `name` is armed and its actions say `return` for this hit: for

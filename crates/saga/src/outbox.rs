@@ -8,6 +8,15 @@
 //! - One relay per database publishes at a time (a [`crate::lease`]); others wait as
 //!   standbys and take over within the lease's bound when its holder dies, freezes or
 //!   vanishes. A relay that lost the lease publishes nothing it read after losing it.
+//! - A holder frozen *between* its check of the lease and its send, and thawed after a
+//!   standby took over, publishes nothing either: each look's rows go out in one Kafka
+//!   transaction, under a `transactional.id` that every copy of the relay shares, and the
+//!   standby's `init_transactions` on taking over fenced the old holder's producer. Its
+//!   sends and its commit are refused by the brokers; a transaction it had open is
+//!   aborted, and consumers reading committed records (librdkafka's default) never see it.
+//!   Without the fence the thawed holder's batch would reach the topic a second time: the
+//!   consumers' inbox would absorb it, but the topic is a published contract that other
+//!   readers see.
 //! - Rows go out in `id` order, keyed by order id; with the idempotent producer, one
 //!   order's events reach its partition in the order they were written. (Ids are assigned
 //!   at insert, not commit, so two unrelated orders' rows may be published in either
@@ -17,8 +26,9 @@
 use std::time::{Duration, Instant};
 
 use ::metrics::counter;
+use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use serde::Serialize;
 use time::OffsetDateTime;
 use tokio_postgres::types::Json;
@@ -127,10 +137,23 @@ const RELAY_SYNCHRONOUS_COMMIT: &str = "off";
 /// through the primary key, for a few tens of microseconds of planning.
 const RELAY_PLAN_CACHE_MODE: &str = "force_custom_plan";
 
+/// How long a Kafka transaction of the relay may stay open before the brokers abort it:
+/// well above a look's send and commit (seconds), and the longest a relay that died in
+/// the middle of one, with no successor to fence it, holds back the consumers of its
+/// partitions (reading committed records, they wait at an open transaction).
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long `init_transactions`, a commit or an abort may wait for the brokers.
+const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Publishes committed outbox rows to Kafka.
 pub struct OutboxRelay {
     lease: Lease,
-    producer: FutureProducer,
+    /// Each session makes its producer from this: a producer fenced once stays fenced.
+    producer: ClientConfig,
+    /// `None` when the failpoint `relay.acks-one` has turned the transactions off: they
+    /// need `acks=all`.
+    transactional_id: Option<String>,
     /// How long to wait for a NOTIFY or a wake-up before looking anyway.
     poll_interval: Duration,
     /// Rows read, sent and acknowledged together per round trip.
@@ -145,15 +168,25 @@ pub struct OutboxRelay {
 }
 
 impl OutboxRelay {
+    /// A relay of the outbox of the database at `database_url`. Its `transactional.id` is
+    /// `outbox-relay.<database name>` unless [`OutboxRelay::transactional_id`] names one.
     pub fn new(database_url: &str, brokers: &str, poll_interval: Duration) -> anyhow::Result<Self> {
         let mut producer = crate::kafka::idempotent_producer(brokers);
-        if crate::failpoint::fires(crate::failpoint::RELAY_ACKS_ONE) {
+        let acks_one = crate::failpoint::fires(crate::failpoint::RELAY_ACKS_ONE);
+        if acks_one {
             producer.set("acks", "1").set("enable.idempotence", "false");
+        } else {
+            producer.set(
+                "transaction.timeout.ms",
+                TRANSACTION_TIMEOUT.as_millis().to_string(),
+            );
         }
         let database = crate::db::parse_url(database_url)?;
+        let name = database.get_dbname().unwrap_or("postgres").to_owned();
         Ok(Self {
             lease: Lease::new(&database, RELAY_LOCK, "outbox relay", DEFAULT_LEASE),
-            producer: producer.create()?,
+            producer,
+            transactional_id: (!acks_one).then(|| format!("outbox-relay.{name}")),
             poll_interval,
             batch_size: 100,
             linger: Duration::ZERO,
@@ -176,13 +209,33 @@ impl OutboxRelay {
         self
     }
 
-    /// The producer the relay publishes with, for the service's other records (its
-    /// consumer's dead letters). librdkafka's producer is made to be shared, and each
-    /// costs threads and a connection of its own; with rdkafka 0.39 it also costs about 1%
-    /// of a core, idle or not: its polling thread waits 100 ms at a time, and spins
-    /// through the last millisecond of each wait, which it rounds down to zero.
-    pub fn producer(&self) -> &FutureProducer {
-        &self.producer
+    /// The `transactional.id` every copy of this relay shares, and no other relay on the
+    /// same brokers: a service's sets `<namespace><service>.outbox-relay`. A successor
+    /// fences its predecessor by it.
+    pub fn transactional_id(mut self, id: String) -> Self {
+        if self.transactional_id.is_some() {
+            self.transactional_id = Some(id);
+        }
+        self
+    }
+
+    /// A producer for this session: transactional, its `init_transactions` done, which
+    /// fences every earlier producer of the same `transactional.id` and aborts a
+    /// transaction one left open.
+    async fn session_producer(&self) -> anyhow::Result<FutureProducer> {
+        let mut config = self.producer.clone();
+        let Some(id) = &self.transactional_id else {
+            return Ok(config.create()?);
+        };
+        config.set("transactional.id", id);
+        let producer: FutureProducer = config.create()?;
+        let initialising = producer.clone();
+        tokio::task::spawn_blocking(move || {
+            initialising.init_transactions(TRANSACTION_CALL_TIMEOUT)
+        })
+        .await?
+        .map_err(|error| anyhow::anyhow!("outbox relay's init_transactions as {id}: {error}"))?;
+        Ok(producer)
     }
 
     /// Records each round in `progress`, which the service's `/livez` watches.
@@ -238,6 +291,7 @@ impl OutboxRelay {
             ))
             .await?;
         let statements = RelayStatements::prepare(client).await?;
+        let producer = self.session_producer().await?;
         // Before the first look: a writer that skips the NOTIFY from now on either
         // committed before that look, which sees its row, or wakes the relay after it.
         let active = self.local.activate();
@@ -272,8 +326,11 @@ impl OutboxRelay {
             if !held.is_held() {
                 anyhow::bail!("outbox relay lease lost: publishing nothing it read");
             }
+            if found > 0 {
+                failpoint::freeze_point(failpoint::RELAY_BEFORE_SEND);
+            }
             let failure;
-            (acknowledged, failure) = self.publish(rows).await;
+            (acknowledged, failure) = self.publish(&producer, rows).await;
             drop(round);
             // A crash here publishes the acknowledged rows once more after the restart.
             failpoint::crash_point_for(failpoint::RELAY_AFTER_ACK, acknowledged.len());
@@ -324,9 +381,61 @@ impl OutboxRelay {
         Ok(())
     }
 
-    /// Sends `rows` to the broker; returns the ids of those it acknowledged and, should
-    /// any not be, why.
-    async fn publish(&self, rows: Vec<Row>) -> (Vec<i64>, Option<anyhow::Error>) {
+    /// Sends `rows` to the brokers in one transaction; returns the ids of those published
+    /// (all of them once the transaction committed, none otherwise) and, should any not
+    /// be, why.
+    async fn publish(
+        &self,
+        producer: &FutureProducer,
+        rows: Vec<Row>,
+    ) -> (Vec<i64>, Option<anyhow::Error>) {
+        if rows.is_empty() {
+            return (Vec::new(), None);
+        }
+        let transactional = self.transactional_id.is_some();
+        if transactional && let Err(error) = producer.begin_transaction() {
+            return (
+                Vec::new(),
+                Some(anyhow::anyhow!("begin_transaction: {error}")),
+            );
+        }
+        let (sent, failure) = self.send(producer, rows).await;
+        if !transactional {
+            let published = sent.iter().map(|(id, _)| *id).collect();
+            count_published(sent);
+            return (published, failure);
+        }
+        let ending = producer.clone();
+        let ended = tokio::task::spawn_blocking(move || match failure {
+            None => ending
+                .commit_transaction(TRANSACTION_CALL_TIMEOUT)
+                .map_err(|error| anyhow::anyhow!("commit_transaction: {error}")),
+            Some(failure) => {
+                // Fenced, or the brokers away: the abort may fail too, and the next
+                // session's producer begins afresh either way.
+                let _ = ending.abort_transaction(TRANSACTION_CALL_TIMEOUT);
+                Err(failure)
+            }
+        })
+        .await
+        .unwrap_or_else(|error| Err(anyhow::anyhow!("the transaction's end panicked: {error}")));
+        match ended {
+            Ok(()) => {
+                let published = sent.iter().map(|(id, _)| *id).collect();
+                count_published(sent);
+                (published, None)
+            }
+            Err(error) => (Vec::new(), Some(error)),
+        }
+    }
+
+    /// Sends `rows` and awaits each acknowledgement; returns the ids and topics of those
+    /// acknowledged and, should any not be, why.
+    async fn send(
+        &self,
+        producer: &FutureProducer,
+        rows: Vec<Row>,
+    ) -> (Vec<(i64, String)>, Option<anyhow::Error>) {
         // Send the whole batch, then await the acknowledgements together: one round trip
         // to the broker per batch rather than per row.
         let mut deliveries = Vec::with_capacity(rows.len());
@@ -370,7 +479,7 @@ impl OutboxRelay {
                 .key(&envelope.aggregate_id)
                 .payload(&value)
                 .headers(headers);
-            match self.producer.send_result(record) {
+            match producer.send_result(record) {
                 Ok(delivery) => deliveries.push((id, topic, delivery, hop)),
                 Err((error, _)) => {
                     hop.failed(&error);
@@ -385,10 +494,7 @@ impl OutboxRelay {
             match delivery.await {
                 Ok(Ok(delivered)) => {
                     hop.sent(delivered.partition, delivered.offset);
-                    acknowledged.push(id);
-                    // Counted once the broker has it, as the consumers will see it;
-                    // a crash before the row is marked publishes it, and counts it, again.
-                    counter!(metrics::OUTBOX_PUBLISHED, "topic" => topic).increment(1);
+                    acknowledged.push((id, topic));
                 }
                 Ok(Err((error, _))) => {
                     hop.failed(&error);
@@ -397,10 +503,18 @@ impl OutboxRelay {
                 Err(_) => failure = Some(anyhow::anyhow!("outbox row {id}: producer dropped")),
             }
         }
-        if !acknowledged.is_empty() {
-            tracing::debug!(published = acknowledged.len(), "outbox batch published");
-        }
         (acknowledged, failure)
+    }
+}
+
+/// Counts rows once the brokers have them as the consumers will see them (committed); a
+/// crash before the rows are marked publishes them, and counts them, again.
+fn count_published(published: Vec<(i64, String)>) {
+    if !published.is_empty() {
+        tracing::debug!(published = published.len(), "outbox batch published");
+    }
+    for (_, topic) in published {
+        counter!(metrics::OUTBOX_PUBLISHED, "topic" => topic).increment(1);
     }
 }
 
