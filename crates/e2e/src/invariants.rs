@@ -33,8 +33,9 @@
 //! - **The inbox agrees with the logs**: every event logged as applied or guarded is in
 //!   its service's `processed_events`, every id there was logged as handled, and no event
 //!   passed guard 1 twice (a redelivery must be stopped as a duplicate).
-//! - **No record skipped**: for each consumer group and each partition of its topic,
-//!   every offset in `[0, end)` was handled (logged `event handled` in its
+//! - **No record skipped**: for each consumer group, every record of its topic (as a
+//!   reader of committed records finds them: a relay's transaction markers are offsets,
+//!   not records) was handled (logged `event handled` in its
 //!   `record{topic partition offset}` span) or dead-lettered (a record in the group's
 //!   dead-letter topic with that `dlq.original.partition`/`dlq.original.offset`).
 //! - **Dead letters are exactly the poison**: every poison record is in the dead-letter
@@ -66,7 +67,6 @@ use records::check_records;
 
 pub use effects::{effects, half_applied};
 pub use log::{count_in_logs, outcomes_by_event};
-pub use records::end_offsets;
 
 /// The provider's default limit: above it, a charge is declined and the order cancelled.
 pub const PAYMENT_LIMIT_CENTS: i64 = 100_000;

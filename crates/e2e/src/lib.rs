@@ -155,7 +155,9 @@ impl Stack {
         self.env.iter().any(|(k, _)| k == "INBOX_RETENTION")
     }
 
-    async fn start_configured(
+    /// Starts the provider and the three services with `failpoints` armed in some and
+    /// `env` in all, on topics of `partitions` partitions each.
+    pub async fn start_configured(
         failpoints: &[(&'static str, String)],
         env: &[(&str, &str)],
         partitions: i32,

@@ -1,6 +1,8 @@
 //! Replicas: three copies of every service under load. The copy of order-service that
-//! holds its outbox relay, pruner and deadline sweeper is frozen (SIGSTOP) until other
-//! copies have taken the three over, then thawed, after which it publishes nothing; then
+//! holds its outbox relay, pruner and deadline sweeper freezes (SIGSTOP) between its
+//! relay's check of the lease and its send (the failpoint `relay.before-send`), until
+//! other copies have taken the three over; thawed, it must publish nothing, not even the
+//! batch it held when it froze; then
 //! the relay's holder of every service is SIGKILLed while standbys wait, and restarted.
 //! The figures: each takeover, the orders placed meanwhile, and how long each service's
 //! partitions went unread after its kill.
@@ -113,6 +115,21 @@ async fn all_taken_over(stack: &Stack, frozen: &str, frozen_at: Instant) -> Vec<
     seen.iter().flatten().cloned().collect()
 }
 
+/// The event ids found more than once on order-service's topic: before any copy is
+/// killed, only a stale batch published after its successor's could put one there.
+async fn events_twice(stack: &Stack) -> Vec<String> {
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for record in stack.kafka.read_all(&stack.kafka.topics.orders).await {
+        if let Some(id) = saga::kafka::header(&record, "event_id") {
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+    seen.into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(id, _)| id)
+        .collect()
+}
+
 async fn published(stack: &Stack) -> i64 {
     stack
         .orders_db
@@ -146,9 +163,17 @@ async fn start_copies(stack: &mut Stack) {
     }
 }
 
-/// Freezes order-service's singletons' holder until others hold all three and rows
-/// are published again, thaws it, and checks that it publishes nothing more. Returns the
-/// figures.
+/// The holder's relay freezes itself between its lease check and its send after this
+/// many sends have gone through: a third or so into the load.
+const SENDS_BEFORE_THE_FREEZE: usize = 150;
+
+/// What a frozen copy logs as it freezes itself (`saga::failpoint::freeze_point`).
+const FREEZING: &str = "failpoint reached: freezing the process";
+
+/// Waits until order-service's singletons' holder freezes itself with a batch in hand,
+/// until others hold all three and rows are published again; thaws it, and checks that
+/// it publishes nothing: no record of its stale batch reaches the topic (no event twice
+/// on it), and its count of records published stays put. Returns the figures.
 async fn freeze_the_holder(stack: &mut Stack, load: &Load) -> String {
     let frozen = holder(stack, ORDER_SERVICE, RELAY, "").expect("a copy holds the relay");
     for singleton in SINGLETONS {
@@ -158,7 +183,15 @@ async fn freeze_the_holder(stack: &mut Stack, load: &Load) -> String {
         );
     }
     let accepted = load.accepted();
-    stack.freeze_instance(&frozen).await;
+    eventually(
+        SETTLE,
+        &format!("{frozen} to freeze with a batch in hand"),
+        || {
+            let log = stack.log(&frozen);
+            async move { log.contains(FREEZING).then_some(()) }
+        },
+    )
+    .await;
     let frozen_at = Instant::now();
     let takeovers = all_taken_over(stack, &frozen, frozen_at).await;
     let before = published(stack).await;
@@ -180,6 +213,13 @@ async fn freeze_the_holder(stack: &mut Stack, load: &Load) -> String {
     )
     .await;
     let gave_up = thawed_at.elapsed();
+    let twice = events_twice(stack).await;
+    assert!(
+        twice.is_empty(),
+        "{frozen}, thawed, published its stale batch: {} events twice on {}: {twice:?}",
+        twice.len(),
+        stack.kafka.topics.orders
+    );
     let sent = |m: saga_e2e::metrics::Metrics| m.count("saga_outbox_published_total", &[]);
     let sent_then = sent(stack.metrics(&frozen).await);
     let before = published(stack).await;
@@ -193,8 +233,9 @@ async fn freeze_the_holder(stack: &mut Stack, load: &Load) -> String {
         "{frozen}, thawed, published {sent_since} records after giving the relay up"
     );
     format!(
-        "{frozen} frozen (SIGSTOP) while holding all three singletons: {} (bound {} s); \
-         {placed} orders placed meanwhile; thawed, it gave the relay up in {:.1} s and \
+        "{frozen} frozen (SIGSTOP) between its lease check and its send, holding all three \
+         singletons: {} (bound {} s); {placed} orders placed meanwhile; thawed, it gave the \
+         relay up in {:.1} s, its stale batch fenced (no event twice on the topic), and \
          published nothing since",
         takeovers.join(", "),
         BOUND.as_secs(),
@@ -262,7 +303,13 @@ async fn kill_the_holders(stack: &mut Stack, load: &Load) -> (String, Vec<(&'sta
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "fault suite: scripts/faults runs it on its own"]
 async fn replicas_three_copies_each_with_singleton_holders_frozen_and_killed_lose_nothing() {
-    let mut stack = Stack::start_with_env(&POOLS).await;
+    let freeze = format!("relay.before-send={SENDS_BEFORE_THE_FREEZE}*off->1*return->off");
+    let mut stack = Stack::start_configured(
+        &[(ORDER_SERVICE, freeze)],
+        &POOLS,
+        saga_testkit::topic_partitions(),
+    )
+    .await;
     start_copies(&mut stack).await;
     let copies: Vec<String> = (1..=COPIES).map(|n| copy(ORDER_SERVICE, n)).collect();
     let copies: Vec<&str> = copies.iter().map(String::as_str).collect();
