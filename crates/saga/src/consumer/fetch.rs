@@ -221,6 +221,9 @@ pub(super) fn connect(
             .set("enable.partition.eof", "true")
             // A new group starts at the beginning: no event written before it existed is lost.
             .set("auto.offset.reset", "earliest")
+            // librdkafka's default, stated: a relay's transaction aborted when its holder
+            // was fenced is never seen.
+            .set("isolation.level", "read_committed")
             .set("session.timeout.ms", "10000")
             .set("max.partition.fetch.bytes", PARTITION_FETCH_BYTES)
             .set("fetch.wait.max.ms", FETCH_WAIT_MS)

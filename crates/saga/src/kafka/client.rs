@@ -57,11 +57,11 @@ pub const RESERVED: &[(&str, &str)] = &[
     ),
     (
         "isolation.level",
-        "the saga's records are not transactional; nothing to choose",
+        "a relay's Kafka transaction that was aborted (its holder fenced) must stay unseen",
     ),
     (
         "transactional.id",
-        "the saga's producers are idempotent, not transactional",
+        "the relay's is the service's, shared by its every copy, so that one fences another",
     ),
 ];
 
