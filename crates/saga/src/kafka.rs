@@ -242,6 +242,44 @@ pub fn committed_and_end(
     Ok(offsets)
 }
 
+/// Whether `group` has committed past every record of `topic`: no record at or after
+/// its committed offset on any partition. Not whether that offset is each partition's
+/// end: a relay's Kafka transaction leaves a marker after its records, an offset no
+/// consumer is handed, which a consumer stopped before it fetched the marker has not
+/// committed past, though nothing is left for it. Blocks.
+pub fn group_caught_up(brokers: &str, group: &str, topic: &str) -> anyhow::Result<bool> {
+    let mut assignment = TopicPartitionList::new();
+    for (partition, (done, end)) in committed_and_end(brokers, group, topic)? {
+        if done < end {
+            assignment.add_partition_offset(topic, partition, Offset::Offset(done))?;
+        }
+    }
+    if assignment.count() == 0 {
+        return Ok(true);
+    }
+    let consumer: BaseConsumer = client_config(brokers)
+        .set("group.id", "order-saga-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .create()?;
+    let mut unread = assignment.count();
+    consumer.assign(&assignment)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while unread > 0 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out reading {topic} past {group}'s offsets"
+        );
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(_)) => return Ok(false),
+            Some(Err(KafkaError::PartitionEOF(_))) => unread -= 1,
+            Some(Err(error)) => return Err(error.into()),
+            None => {}
+        }
+    }
+    Ok(true)
+}
+
 fn partition_count(consumer: &BaseConsumer, topic: &str) -> anyhow::Result<i32> {
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     match metadata.topics().first() {

@@ -379,18 +379,16 @@ impl TestKafka {
             .expect("the topic can be read to its end")
     }
 
-    /// True once `group` has committed, on every partition of `topic`, the offset of
-    /// the end of that partition: every record produced so far has been handled.
+    /// True once `group` has committed, on every partition of `topic`, past every record
+    /// produced so far: each has been handled (`saga::kafka::group_caught_up`).
     pub async fn group_caught_up(&self, group: &str, topic: &str) -> bool {
         let brokers = self.brokers.clone();
         let group = group.to_owned();
         let topic = topic.to_owned();
-        tokio::task::spawn_blocking(move || {
-            saga::kafka::committed_and_end(&brokers, &group, &topic)
-        })
-        .await
-        .unwrap()
-        .is_ok_and(|offsets| offsets.values().all(|(done, end)| done >= end))
+        tokio::task::spawn_blocking(move || saga::kafka::group_caught_up(&brokers, &group, &topic))
+            .await
+            .unwrap()
+            .unwrap_or(false)
     }
 }
 
