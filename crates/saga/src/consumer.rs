@@ -38,6 +38,7 @@
 //!   stored offsets are committed once more before the consumer closes.
 
 mod dead_letters;
+pub use dead_letters::DeadLetters;
 mod dispatch;
 mod fetch;
 mod offsets;
@@ -49,7 +50,6 @@ use ::metrics::counter;
 use futures::StreamExt;
 use rdkafka::consumer::Consumer as _;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::FutureProducer;
 use rdkafka::topic_partition_list::Offset;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -122,12 +122,12 @@ fn end_of(consumer: &fetch::SagaConsumer, topic: &str, partition: i32) -> Option
 
 /// Consumes `settings.topic` with `applier` until `shutdown` is cancelled, sending the
 /// records it can never apply to `settings.dead_letter_topic` with `dead_letters` (an
-/// idempotent producer, [`crate::kafka::idempotent_producer`]; a service's relay lends
-/// it its own).
+/// idempotent producer, [`crate::kafka::idempotent_producer`], given or made at the first
+/// dead letter: [`DeadLetters`]).
 pub async fn run<H: Handler>(
     settings: ConsumerSettings,
     applier: Arc<Applier<H>>,
-    dead_letters: FutureProducer,
+    dead_letters: impl Into<DeadLetters>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let ownership = Arc::new(Ownership::default());
@@ -137,7 +137,7 @@ pub async fn run<H: Handler>(
     let worker = Arc::new(PartitionWorker {
         consumer: consumer.clone(),
         applier,
-        dead_letters,
+        dead_letters: dead_letters.into(),
         settings: settings.clone(),
         shutdown: shutdown.clone(),
         tasks: workers.clone(),

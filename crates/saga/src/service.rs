@@ -191,11 +191,11 @@ impl Service {
         let applier = Arc::new(
             Applier::new(self.consumer_pool, subscription.handler).waking(self.relay.clone()),
         );
-        // Its own producer: the relay's is transactional, and a dead letter is sent alone.
-        // librdkafka's producer costs threads and a connection of its own; with rdkafka
-        // 0.39 also about 1% of a core, idle or not (its polling thread spins through the
-        // last millisecond of each 100 ms wait).
-        let dead_letters = crate::kafka::idempotent_producer(&self.kafka.kafka_brokers).create()?;
+        // The relay's producer is transactional and cannot lend itself to a dead letter,
+        // sent alone: the consumer makes one of its own at its first.
+        let dead_letters = consumer::DeadLetters::lazy(crate::kafka::idempotent_producer(
+            &self.kafka.kafka_brokers,
+        ));
         tasks.spawn(
             "consumer",
             consumer::run(settings, applier, dead_letters, shutdown.clone()),

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ::metrics::{counter, histogram};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::FutureProducer;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -84,7 +83,7 @@ impl Spans {
 pub(super) struct PartitionWorker<H> {
     pub(super) consumer: Arc<SagaConsumer>,
     pub(super) applier: Arc<Applier<H>>,
-    pub(super) dead_letters: FutureProducer,
+    pub(super) dead_letters: super::DeadLetters,
     pub(super) settings: ConsumerSettings,
     pub(super) shutdown: CancellationToken,
     /// The workers and what they prepare ahead: the consumer stops once all are done, so
