@@ -165,45 +165,45 @@ require_command() {
 # Kafka and Maven; `test` also installs tools from PyPI and npm, and builds helm and the
 # trace viewer's collector with Go unless .cache holds them already.
 check_prerequisites() {
-  local missing=()
+  local absent=()
   local have
   have() { command -v "$1" >/dev/null 2>&1; }
-  have cargo || missing+=("cargo: Rust, stable, from https://rustup.rs")
-  have cc || missing+=("cc: apt-get install -y build-essential")
-  have make || missing+=("make: apt-get install -y build-essential")
-  have pkg-config || missing+=("pkg-config: apt-get install -y pkg-config")
+  have cargo || absent+=("cargo: Rust, stable, from https://rustup.rs")
+  have cc || absent+=("cc: apt-get install -y build-essential")
+  have make || absent+=("make: apt-get install -y build-essential")
+  have pkg-config || absent+=("pkg-config: apt-get install -y pkg-config")
   if have pkg-config && ! pkg-config --exists openssl; then
-    missing+=("OpenSSL's headers: apt-get install -y libssl-dev")
+    absent+=("OpenSSL's headers: apt-get install -y libssl-dev")
   fi
-  have curl || missing+=("curl: apt-get install -y curl")
-  have jq || missing+=("jq: apt-get install -y jq")
-  have openssl || missing+=("openssl: apt-get install -y openssl")
-  have mvn || missing+=("mvn: apt-get install -y maven")
+  have curl || absent+=("curl: apt-get install -y curl")
+  have jq || absent+=("jq: apt-get install -y jq")
+  have openssl || absent+=("openssl: apt-get install -y openssl")
+  have mvn || absent+=("mvn: apt-get install -y maven")
   if ! have java; then
-    missing+=("java: Java 17, apt-get install -y openjdk-17-jdk-headless")
+    absent+=("java: Java 17, apt-get install -y openjdk-17-jdk-headless")
   elif (($(java_major) < 17)); then
-    missing+=("Java 17 or newer (found $(java_major)): apt-get install -y openjdk-17-jdk-headless")
+    absent+=("Java 17 or newer (found $(java_major)): apt-get install -y openjdk-17-jdk-headless")
   fi
   if [[ "$1" == test ]]; then
-    have git || missing+=("git: apt-get install -y git")
-    have python3 || missing+=("python3: apt-get install -y python3 python3-venv")
+    have git || absent+=("git: apt-get install -y git")
+    have python3 || absent+=("python3: apt-get install -y python3 python3-venv")
     if have python3 && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
-      missing+=("python3's venv: apt-get install -y python3-venv")
+      absent+=("python3's venv: apt-get install -y python3-venv")
     fi
-    have node || missing+=("node: Node.js 18 or newer, apt-get install -y nodejs")
-    have npm || missing+=("npm: apt-get install -y npm")
+    have node || absent+=("node: Node.js 18 or newer, apt-get install -y nodejs")
+    have npm || absent+=("npm: apt-get install -y npm")
     if go_needed; then
       [[ -x /usr/local/go/bin/go ]] && PATH="$PATH:/usr/local/go/bin"
       if ! have go; then
-        missing+=("go: Go 1.26 or newer, from https://go.dev/doc/install (Debian 12's golang is 1.19), for helm and the trace viewer's collector")
+        absent+=("go: Go 1.26 or newer, from https://go.dev/doc/install (Debian 12's golang is 1.19), for helm and the trace viewer's collector")
       elif ! go_at_least 1.26; then
-        missing+=("Go 1.26 or newer (found $(go env GOVERSION)): from https://go.dev/doc/install")
+        absent+=("Go 1.26 or newer (found $(go env GOVERSION)): from https://go.dev/doc/install")
       fi
     fi
   fi
-  ((${#missing[@]} == 0)) && return 0
+  ((${#absent[@]} == 0)) && return 0
   log "scripts/$1 needs, and will not install itself:"
-  printf '  - %s\n' "${missing[@]}" >&2
+  printf '  - %s\n' "${absent[@]}" >&2
   die "install what is listed above (as root on Debian 12), then run scripts/$1 again"
 }
 
