@@ -27,9 +27,9 @@
 
 use stateright::{Model, Property};
 
-use crate::Guarded;
+use crate::{Guarded, Kept};
 
-/// The guards, each of which [`Transaction::without`] can take away.
+/// The guards, each of which [`Guarded::without`] can take away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Guard {
     /// Guard 1: the event's id claimed in `processed_events`.
@@ -55,36 +55,31 @@ const ALL: [Guard; 5] = [
 /// The model, with the guards it keeps.
 #[derive(Clone, Debug)]
 pub struct Transaction {
-    guards: Vec<Guard>,
+    guards: Kept<Guard>,
 }
 
 impl Default for Transaction {
     fn default() -> Self {
         Self {
-            guards: ALL.to_vec(),
+            guards: Kept::all(&ALL),
         }
     }
 }
 
 impl Transaction {
-    /// The model with `guard` taken away.
-    pub fn without(mut self, guard: Guard) -> Self {
-        self.guards.retain(|g| *g != guard);
-        self
-    }
-
-    /// The model with the guard that `scripts/model --without` calls `name` taken away.
-    pub fn without_named(self, name: &str) -> Option<Self> {
-        let i = Self::GUARDS.iter().position(|(n, _)| *n == name)?;
-        Some(self.without(ALL[i]))
-    }
-
     fn has(&self, guard: Guard) -> bool {
-        self.guards.contains(&guard)
+        self.guards.has(guard)
     }
 }
 
 impl Guarded for Transaction {
+    type Guard = Guard;
+    const ALL: &'static [Guard] = &ALL;
+
+    fn kept(&mut self) -> &mut Kept<Guard> {
+        &mut self.guards
+    }
+
     const GUARDS: &'static [(&'static str, &'static str)] = &[
         (
             "guard-1",

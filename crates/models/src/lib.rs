@@ -37,10 +37,41 @@ pub struct Counterexample {
     pub steps: Vec<String>,
 }
 
-/// A model whose guards can be switched off by name.
+/// The guards a model keeps, of all it has.
+#[derive(Clone, Debug)]
+pub struct Kept<G: 'static>(Vec<G>);
+
+impl<G: Copy + PartialEq> Kept<G> {
+    pub fn all(all: &[G]) -> Self {
+        Self(all.to_vec())
+    }
+
+    pub fn has(&self, guard: G) -> bool {
+        self.0.contains(&guard)
+    }
+}
+
+/// A model whose guards can be switched off, by value or by name.
 pub trait Guarded: Model + Clone {
+    type Guard: Copy + PartialEq + 'static;
     /// Every guard's name, as `scripts/model --without` takes it, with what it stands for.
     const GUARDS: &'static [(&'static str, &'static str)];
+    /// Every guard, in the order of [`Guarded::GUARDS`].
+    const ALL: &'static [Self::Guard];
+
+    fn kept(&mut self) -> &mut Kept<Self::Guard>;
+
+    /// The model with `guard` taken away.
+    fn without(mut self, guard: Self::Guard) -> Self {
+        self.kept().0.retain(|g| *g != guard);
+        self
+    }
+
+    /// The model with the guard that `scripts/model --without` calls `name` taken away.
+    fn without_named(self, name: &str) -> Option<Self> {
+        let i = Self::GUARDS.iter().position(|(n, _)| *n == name)?;
+        Some(self.without(Self::ALL[i]))
+    }
 }
 
 /// A property's name, and the path to the state that broke it.

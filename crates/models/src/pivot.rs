@@ -18,7 +18,7 @@
 
 use stateright::{Model, Property};
 
-use crate::Guarded;
+use crate::{Guarded, Kept};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Guard {
@@ -46,34 +46,31 @@ const ALL: [Guard; 5] = [
 
 #[derive(Clone, Debug)]
 pub struct Pivot {
-    guards: Vec<Guard>,
+    guards: Kept<Guard>,
 }
 
 impl Default for Pivot {
     fn default() -> Self {
         Self {
-            guards: ALL.to_vec(),
+            guards: Kept::all(&ALL),
         }
     }
 }
 
 impl Pivot {
-    pub fn without(mut self, guard: Guard) -> Self {
-        self.guards.retain(|g| *g != guard);
-        self
-    }
-
-    pub fn without_named(self, name: &str) -> Option<Self> {
-        let i = Self::GUARDS.iter().position(|(n, _)| *n == name)?;
-        Some(self.without(ALL[i]))
-    }
-
     fn has(&self, guard: Guard) -> bool {
-        self.guards.contains(&guard)
+        self.guards.has(guard)
     }
 }
 
 impl Guarded for Pivot {
+    type Guard = Guard;
+    const ALL: &'static [Guard] = &ALL;
+
+    fn kept(&mut self) -> &mut Kept<Guard> {
+        &mut self.guards
+    }
+
     const GUARDS: &'static [(&'static str, &'static str)] = &[
         (
             "intent",

@@ -48,8 +48,8 @@ fn guards_help() -> String {
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.model {
-        Which::Consumer => run(Transaction::default(), Transaction::without_named, &args),
-        Which::Pivot => run(Pivot::default(), Pivot::without_named, &args),
+        Which::Consumer => run(Transaction::default(), &args),
+        Which::Pivot => run(Pivot::default(), &args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -60,7 +60,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run<M>(mut model: M, without: fn(M, &str) -> Option<M>, args: &Args) -> Result<(), String>
+fn run<M>(mut model: M, args: &Args) -> Result<(), String>
 where
     M: Guarded + Send + Sync + 'static,
     M::State: Clone + std::fmt::Debug + std::hash::Hash + PartialEq + Send + Sync,
@@ -68,7 +68,7 @@ where
 {
     for name in &args.without {
         let names: Vec<&str> = M::GUARDS.iter().map(|(n, _)| *n).collect();
-        model = without(model, name).ok_or_else(|| {
+        model = model.without_named(name).ok_or_else(|| {
             format!(
                 "no guard `{name}` in this model; its guards: {}",
                 names.join(", ")
