@@ -4,21 +4,13 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use saga::probes::{Probes, router};
 use saga_testkit::TestDatabase;
 use serde_json::Value;
-use tower::ServiceExt as _;
 
 async fn probe(readiness: Probes, path: &str) -> (StatusCode, Value) {
-    let request = Request::get(path).body(Body::empty()).unwrap();
-    let response = router(readiness).oneshot(request).await.unwrap();
-    let status = response.status();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 16)
-        .await
-        .unwrap();
-    (status, serde_json::from_slice(&body).unwrap())
+    saga_testkit::get_json(router(readiness), path).await
 }
 
 #[tokio::test]

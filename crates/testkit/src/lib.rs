@@ -457,3 +457,23 @@ pub fn postgres_ca_file() -> std::path::PathBuf {
     );
     path
 }
+
+/// What `router` answers a `GET` of `path`, in this process: its status and its JSON body.
+pub async fn get_json(
+    router: axum::Router,
+    path: &str,
+) -> (axum::http::StatusCode, serde_json::Value) {
+    use tower::ServiceExt as _;
+    let request = axum::http::Request::get(path)
+        .body(axum::body::Body::empty())
+        .expect("a request to a path");
+    let response = router
+        .oneshot(request)
+        .await
+        .expect("a router always answers");
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+        .await
+        .expect("a body that fits");
+    (status, serde_json::from_slice(&body).expect("a JSON body"))
+}

@@ -3,14 +3,12 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use saga::Outcome;
 use saga::consumer::ConsumerSettings;
 use saga::probes::{Probes, Progress, router};
 use saga_testkit::{TestKafka, eventually};
 use serde_json::Value;
-use tower::ServiceExt as _;
 
 use crate::recorder::Recorder;
 use crate::run::{WAIT, settings, start_with, transient};
@@ -19,13 +17,7 @@ use crate::run::{WAIT, settings, start_with, transient};
 const STALL_AFTER: Duration = Duration::from_millis(500);
 
 async fn livez(probes: Probes) -> (StatusCode, Value) {
-    let request = Request::get("/livez").body(Body::empty()).unwrap();
-    let response = router(probes).oneshot(request).await.unwrap();
-    let status = response.status();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 16)
-        .await
-        .unwrap();
-    (status, serde_json::from_slice(&body).unwrap())
+    saga_testkit::get_json(router(probes), "/livez").await
 }
 
 #[tokio::test]
