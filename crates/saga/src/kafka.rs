@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Headers as _, Message, OwnedMessage};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
@@ -167,15 +167,7 @@ pub async fn await_topics(
 /// consumer that joins no group and commits nothing. Blocks: call it off the runtime's
 /// workers. Reads what is retained, so its cost grows with the topic.
 pub fn read_topic(brokers: &str, topic: &str) -> anyhow::Result<Vec<OwnedMessage>> {
-    let consumer: BaseConsumer = client_config(brokers)
-        // Required by the client, used for nothing: the partitions are assigned by hand.
-        .set("group.id", "order-saga-reader")
-        .set("enable.auto.commit", "false")
-        // The end is where librdkafka says it is: a partition's offsets are not all
-        // records, as each Kafka transaction the relays commit leaves a marker, which a
-        // reader skips.
-        .set("enable.partition.eof", "true")
-        .create()?;
+    let consumer = reader(brokers)?;
     let timeout = Duration::from_secs(10);
     let mut assignment = TopicPartitionList::new();
     let mut unread = std::collections::BTreeSet::new();
@@ -257,11 +249,7 @@ pub fn group_caught_up(brokers: &str, group: &str, topic: &str) -> anyhow::Resul
     if assignment.count() == 0 {
         return Ok(true);
     }
-    let consumer: BaseConsumer = client_config(brokers)
-        .set("group.id", "order-saga-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .create()?;
+    let consumer = reader(brokers)?;
     let mut unread = assignment.count();
     consumer.assign(&assignment)?;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -278,6 +266,18 @@ pub fn group_caught_up(brokers: &str, group: &str, topic: &str) -> anyhow::Resul
         }
     }
     Ok(true)
+}
+
+/// A consumer that reads partitions assigned by hand, committing nothing, and says where
+/// each partition ends: a partition's offsets are not all records, as each Kafka
+/// transaction of a relay leaves a marker, which a reader skips.
+fn reader(brokers: &str) -> KafkaResult<BaseConsumer> {
+    client_config(brokers)
+        // Required by the client, used for nothing: the partitions are assigned by hand.
+        .set("group.id", "order-saga-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .create()
 }
 
 fn partition_count(consumer: &BaseConsumer, topic: &str) -> anyhow::Result<i32> {
