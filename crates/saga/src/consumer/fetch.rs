@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use ::metrics::gauge;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
-use rdkafka::client::ClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::consumer::{Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::statistics::Statistics;
 use rdkafka::topic_partition_list::TopicPartitionList;
@@ -69,6 +69,15 @@ impl SagaConsumerContext {
 }
 
 impl ClientContext for SagaConsumerContext {
+    // A partition's end, which this consumer asks to be told of ([`Item::End`]), also
+    // reaches the client's main queue as an error: not one, and not for the log.
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let KafkaError::Global(RDKafkaErrorCode::PartitionEOF) = error {
+            return;
+        }
+        DefaultClientContext.error(error, reason);
+    }
+
     fn stats(&self, statistics: Statistics) {
         for (topic, stats) in &statistics.topics {
             // Partition -1 is librdkafka's own queue for records not yet assigned one.
