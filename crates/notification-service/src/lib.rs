@@ -79,6 +79,7 @@ impl Application {
         let subscription = Subscription {
             topic: topics.orders.clone(),
             handler,
+            publishes: topics.notifications.clone(),
         };
         self.service
             .run(axum::Router::new(), subscription, shutdown)

@@ -144,6 +144,7 @@ impl Application {
         let subscription = Subscription {
             topic: topics.payments.clone(),
             handler,
+            publishes: topics.orders.clone(),
         };
         self.service.run(router, subscription, shutdown).await
     }

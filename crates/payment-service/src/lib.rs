@@ -121,6 +121,7 @@ impl Application {
         let subscription = Subscription {
             topic: topics.orders.clone(),
             handler,
+            publishes: topics.payments.clone(),
         };
         self.service.run(retry, subscription, shutdown).await
     }

@@ -4,7 +4,7 @@ pub mod client;
 mod startup;
 
 pub use client::config as client_config;
-pub use startup::{await_broker, denied};
+pub use startup::{await_broker, denied, lacking};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

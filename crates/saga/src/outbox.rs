@@ -26,7 +26,9 @@
 use std::time::{Duration, Instant};
 
 use ::metrics::counter;
+use kafka_rights::{Missing, Operation, Resource};
 use rdkafka::ClientConfig;
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use serde::Serialize;
@@ -146,6 +148,11 @@ const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `init_transactions`, a commit or an abort may wait for the brokers.
 const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A right the broker refuses the relay.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Denied(String);
+
 /// Publishes committed outbox rows to Kafka.
 pub struct OutboxRelay {
     lease: Lease,
@@ -234,7 +241,19 @@ impl OutboxRelay {
             initialising.init_transactions(TRANSACTION_CALL_TIMEOUT)
         })
         .await?
-        .map_err(|error| anyhow::anyhow!("outbox relay's init_transactions as {id}: {error}"))?;
+        .map_err(|error| {
+            if error.rdkafka_error_code()
+                == Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed)
+            {
+                let missing = Missing {
+                    operation: Operation::Write,
+                    resource: Resource::TransactionalId(id.clone()),
+                };
+                anyhow::Error::new(Denied(crate::kafka::lacking(&[missing])))
+            } else {
+                anyhow::anyhow!("outbox relay's init_transactions as {id}: {error}")
+            }
+        })?;
         Ok(producer)
     }
 
@@ -254,18 +273,21 @@ impl OutboxRelay {
     }
 
     /// Runs until `shutdown`. Database or broker trouble ends the current session; the
-    /// relay then starts a new one after a backoff, so it never gives up.
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// relay then starts a new one after a backoff, so it never gives up, but for a
+    /// transactional id the broker will not let it use, which no wait heals: that ends
+    /// the relay with an error naming the ACL.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut delays = backoff::backoff();
         loop {
             match self.session(&shutdown, &mut delays).await {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
+                Err(error) if error.is::<Denied>() => return Err(error),
                 Err(error) => {
                     counter!(metrics::OUTBOX_INTERRUPTIONS).increment(1);
                     let delay = backoff::next_delay(&mut delays);
                     tracing::warn!(error = format!("{error:#}"), retry_in = ?delay, "outbox relay interrupted");
                     tokio::select! {
-                        _ = shutdown.cancelled() => return,
+                        _ = shutdown.cancelled() => return Ok(()),
                         _ = tokio::time::sleep(delay) => {}
                     }
                 }

@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use axum::Router;
 use deadpool_postgres::Pool;
 use futures::future::BoxFuture;
+use kafka_rights::{Operation, Rights};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -57,6 +58,8 @@ type Task = BoxFuture<'static, anyhow::Result<()>>;
 pub struct Subscription<H> {
     pub topic: String,
     pub handler: H,
+    /// The topic its outbox relay writes, which it must be allowed to.
+    pub publishes: String,
 }
 
 impl Service {
@@ -139,8 +142,9 @@ impl Service {
         self.kafka.topics()
     }
 
-    /// Waits for the broker to serve the topics the consumer reads (stopping at once on a
-    /// refused login, certificate or topic, [`crate::kafka::await_broker`]), checks the
+    /// Waits for the broker to serve the topics the consumer reads and writes (stopping at
+    /// once on a refused login or certificate, or a right it lacks: the Kafka ACLs, named,
+    /// [`crate::kafka::await_broker`]), checks the
     /// inbox's window against their retention, then runs the HTTP server (`router` plus
     /// the routes every service serves), the outbox relay, the pruner and the consumer until
     /// `shutdown`. If any of them fails, the others are stopped too
@@ -154,7 +158,8 @@ impl Service {
         let topics = self.topics();
         let dead_letters = topics.dead_letter(&subscription.topic, self.name);
         let read = [subscription.topic.clone(), dead_letters.clone()];
-        if !crate::kafka::await_broker(&self.kafka.kafka_brokers, &read, &shutdown).await? {
+        let rights = self.rights(&subscription, &dead_letters);
+        if !crate::kafka::await_broker(&self.kafka.kafka_brokers, &rights, &shutdown).await? {
             return Ok(());
         }
         let Some(inbox) = self.inbox_window(&read, &shutdown).await? else {
@@ -201,10 +206,7 @@ impl Service {
             consumer::run(settings, applier, dead_letters, shutdown.clone()),
         );
         let relay_shutdown = shutdown.clone();
-        tasks.spawn("outbox relay", async move {
-            relay.run(relay_shutdown).await;
-            Ok(())
-        });
+        tasks.spawn("outbox relay", relay.run(relay_shutdown));
         let also_run = std::mem::take(
             self.also_run
                 .get_mut()
@@ -221,6 +223,22 @@ impl Service {
             });
         }
         tasks.wait().await
+    }
+
+    /// The Kafka rights the consumer, its dead letters and the relay need (the relay's
+    /// transactional id aside, which its `init_transactions` checks), and those the check
+    /// of the inbox's window against the topics' retention needs if it is made.
+    fn rights<H>(&self, subscription: &Subscription<H>, dead_letters: &str) -> Rights {
+        let checked = if self.retention.pruning.prune_interval == Window::Off {
+            &[][..]
+        } else {
+            &[Operation::DescribeConfigs][..]
+        };
+        Rights::default()
+            .topic(&subscription.topic, &[&[Operation::Read], checked].concat())
+            .group(&self.topics().group(self.name), &[Operation::Read])
+            .topic(&subscription.publishes, &[Operation::Write])
+            .topic(dead_letters, &[&[Operation::Write], checked].concat())
     }
 
     /// `router` with the routes every service serves (`/health`, the probes, `/metrics`),

@@ -279,7 +279,7 @@ fn frozen_relay(
         orders.thaw.recv().unwrap();
         orders.stop.await.unwrap();
         shutdown.cancel();
-        run.await.unwrap();
+        run.await.unwrap().unwrap();
     });
     (freeze, thread)
 }
@@ -368,7 +368,7 @@ async fn a_frozen_relay_is_taken_over_within_the_bound_and_thawed_publishes_noth
     stop.send(()).unwrap();
     thread.join().unwrap();
     stop_standby.cancel();
-    standby.await.unwrap();
+    standby.await.unwrap().unwrap();
 
     let mut times: BTreeMap<String, usize> = BTreeMap::new();
     for record in kafka.read_all(&topic).await {

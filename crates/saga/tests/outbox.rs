@@ -36,7 +36,13 @@ async fn enqueue(db: &TestDatabase, topic: &str, key: &str, event_id: &str) {
     tx.commit().await.unwrap();
 }
 
-fn relay(db: &TestDatabase, kafka: &TestKafka) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+fn relay(
+    db: &TestDatabase,
+    kafka: &TestKafka,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
     lingering_relay(db, kafka, Duration::ZERO)
 }
 
@@ -44,7 +50,10 @@ fn lingering_relay(
     db: &TestDatabase,
     kafka: &TestKafka,
     linger: Duration,
-) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
     let relay = OutboxRelay::new(&db.url, &kafka.brokers, Duration::from_millis(100))
         .unwrap()
         .linger(linger);
@@ -119,7 +128,7 @@ async fn committed_rows_are_published_in_order_keyed_by_order_then_marked_publis
         assert_eq!(ids.len(), 10);
     }
     stop.cancel();
-    task.await.unwrap();
+    task.await.unwrap().unwrap();
 }
 
 #[tokio::test]
@@ -155,7 +164,7 @@ async fn a_rolled_back_transaction_publishes_nothing() {
         .collect();
     assert_eq!(ids, ["committed"]);
     stop.cancel();
-    task.await.unwrap();
+    task.await.unwrap().unwrap();
 }
 
 #[tokio::test]
@@ -205,7 +214,7 @@ async fn one_relay_publishes_at_a_time_and_a_standby_takes_over() {
     }
     all_published(&db, 101).await;
     stop_active.cancel();
-    active.await.unwrap();
+    active.await.unwrap().unwrap();
     for n in 0..100 {
         enqueue(&db, topic, &format!("k{}", n % 7), &format!("after-{n}")).await;
     }
@@ -225,7 +234,7 @@ async fn one_relay_publishes_at_a_time_and_a_standby_takes_over() {
     );
     assert_eq!(ids.len(), 201);
     stop_standby.cancel();
-    standby.await.unwrap();
+    standby.await.unwrap().unwrap();
 }
 
 /// A relay that started on a nearly empty outbox still finds the rows it marks through
@@ -312,7 +321,7 @@ async fn a_relay_started_on_a_small_outbox_marks_rows_by_key_once_it_has_grown()
         "the relay scanned the grown outbox ({seq_tup_read} rows read by sequential scans)"
     );
     stop.cancel();
-    task.await.unwrap();
+    task.await.unwrap().unwrap();
 }
 
 /// The rows committed while the relay lingers after a look go out together: the next look
@@ -342,7 +351,7 @@ async fn rows_committed_while_the_relay_lingers_go_out_in_one_look() {
     );
     assert_eq!(kafka.read_all(topic).await.len(), 11);
     stop.cancel();
-    task.await.unwrap();
+    task.await.unwrap().unwrap();
 }
 
 /// Stopped while it lingers, a relay marks the rows the broker has acknowledged before
@@ -357,7 +366,7 @@ async fn a_relay_stopped_while_lingering_marks_what_the_broker_acknowledged() {
     enqueue(&db, topic, "k", "only").await;
     on_the_topic(&kafka, topic, 1).await;
     stop.cancel();
-    task.await.unwrap();
+    task.await.unwrap().unwrap();
 
     let unmarked = db
         .count(
@@ -377,7 +386,10 @@ fn relay_woken_by(
     db: &TestDatabase,
     kafka: &TestKafka,
     local: &LocalRelay,
-) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
     let relay = OutboxRelay::new(&db.url, &kafka.brokers, NEVER)
         .unwrap()
         .woken_by(local.clone());
@@ -498,7 +510,7 @@ async fn writers_beside_the_active_relay_wake_it_in_memory_and_send_no_notify() 
     );
     on_the_topic(&kafka, topic, rows + 1).await;
     stop.cancel();
-    task.await.unwrap();
+    task.await.unwrap().unwrap();
     assert!(
         !local.is_active(),
         "a stopped relay still counted as active"
@@ -525,6 +537,6 @@ async fn writers_beside_a_standby_relay_notify_the_active_one() {
     on_the_topic(&kafka, topic, 20).await;
     for (stop, task) in [(stop_active, active), (stop_standby, standby)] {
         stop.cancel();
-        task.await.unwrap();
+        task.await.unwrap().unwrap();
     }
 }

@@ -12,6 +12,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer as _, ProducerContext};
 use tokio_util::sync::CancellationToken;
 
+use kafka_rights::{Missing, Rights};
+
 use super::client::{self, ClientProperties};
 
 /// Remembers the last error librdkafka reported about its connections, which a failed
@@ -59,16 +61,18 @@ impl ProducerContext for LastError {
 /// What one look at the broker found.
 enum Look {
     Ready,
+    /// A topic the broker will not describe to this client.
+    Denied(String),
     /// Worth waiting for: why not yet.
     NotYet(String),
 }
 
-/// Returns `Ok(true)` once the broker answers this process's client settings and serves
-/// every one of `topics`; `Ok(false)` if `shutdown` came first; an error, at once, for
-/// what waiting cannot fix.
+/// Returns `Ok(true)` once the broker answers this process's client settings, serves
+/// every topic of `rights`, and gives this client every one of them; `Ok(false)` if
+/// `shutdown` came first; an error, at once, for what waiting cannot fix.
 pub async fn await_broker(
     brokers: &str,
-    topics: &[String],
+    rights: &Rights,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<bool> {
     let producer: BaseProducer<LastError> =
@@ -76,13 +80,24 @@ pub async fn await_broker(
     let producer = std::sync::Arc::new(producer);
     let mut delays = crate::backoff::backoff();
     loop {
-        let (producer, topics) = (producer.clone(), topics.to_vec());
-        // fetch_metadata blocks: off the runtime's workers.
-        let look = tokio::task::spawn_blocking(move || look(&producer, &topics));
+        let (producer, rights) = (producer.clone(), rights.clone());
+        // fetch_metadata and the rights' questions block: off the runtime's workers.
+        let look = tokio::task::spawn_blocking(move || {
+            let look = look(&producer, &rights.topics())?;
+            if let Look::Ready | Look::Denied(_) = look {
+                let missing = rights.missing(producer.client())?;
+                if !missing.is_empty() {
+                    anyhow::bail!(lacking(&missing));
+                }
+            }
+            Ok(look)
+        });
         let why = tokio::select! {
             _ = shutdown.cancelled() => return Ok(false),
             look = look => match look?? {
                 Look::Ready => return Ok(true),
+                // Denied, yet no right is missing: a broker that names no operations.
+                Look::Denied(topic) => anyhow::bail!(denied(&topic, client::properties())),
                 Look::NotYet(why) => why,
             },
         };
@@ -120,7 +135,7 @@ fn look(producer: &BaseProducer<LastError>, topics: &[String]) -> anyhow::Result
         };
         match served.error().map(RDKafkaErrorCode::from) {
             Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
-                anyhow::bail!(denied(topic, properties))
+                return Ok(Look::Denied(topic.clone()));
             }
             Some(code) => return Ok(Look::NotYet(format!("topic {topic}: {code}"))),
             None if served.partitions().iter().any(|p| p.leader() < 0) => {
@@ -159,15 +174,32 @@ fn refused(code: RDKafkaErrorCode, reason: &str, properties: &ClientProperties) 
     }
 }
 
-/// The error for a topic the broker will not describe to this client.
-pub fn denied(topic: &str, properties: &ClientProperties) -> String {
-    let who = match properties.get("sasl.username") {
+/// The error for rights the broker does not give this process's Kafka clients.
+pub fn lacking(missing: &[Missing]) -> String {
+    let properties = client::properties();
+    let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    format!(
+        "Kafka denies {} {}: grant the user these ACLs (each service's are in \
+         docs/cluster.md), or log in as one who has them",
+        who(properties),
+        missing.join(", ")
+    )
+}
+
+/// The user this client logs in as, and the setting that names it.
+fn who(properties: &ClientProperties) -> String {
+    match properties.get("sasl.username") {
         Some(user) => format!("User:{user} ({})", properties.variable("sasl.username")),
         None => "this client".to_owned(),
-    };
+    }
+}
+
+/// The error for a topic the broker will not describe to this client.
+pub fn denied(topic: &str, properties: &ClientProperties) -> String {
     format!(
-        "Kafka denies {who} access to topic {topic}: grant it Describe, DescribeConfigs, \
+        "Kafka denies {} access to topic {topic}: grant it Describe, DescribeConfigs, \
          Read and Write on the saga's topics and Read on its consumer groups, or log in \
-         as a user who has them"
+         as a user who has them",
+        who(properties)
     )
 }
