@@ -351,9 +351,15 @@ def check_users(found, topics):
         dead_letters = [t for t in topics if t.endswith(f".{service}.dlq")]
         if len(dead_letters) != 1 or dead_letters[0] not in named:
             fail(f"KafkaUser {service}", f"no ACL for its dead-letter topic {dead_letters}")
-        if not any(acl["resource"]["type"] == "cluster" and "IdempotentWrite" in acl["operations"]
+        relay = f"{service}.outbox-relay"
+        if not any(acl["resource"]["type"] == "transactionalId"
+                   and acl["resource"].get("name") == relay and "Write" in acl["operations"]
                    for acl in acls):
-            fail(f"KafkaUser {service}", "no IdempotentWrite on the cluster")
+            fail(f"KafkaUser {service}", f"no Write on its relay's transactional id {relay}")
+        # Least privilege: the services' idempotent producers need only Write on their
+        # topics (Kafka 3.0 and later), and nothing else of the cluster.
+        if any(acl["resource"]["type"] == "cluster" for acl in acls):
+            fail(f"KafkaUser {service}", "an ACL on the cluster, which no service needs")
 
 
 def check_clusters(found, databases):

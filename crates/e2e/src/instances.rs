@@ -53,6 +53,13 @@ impl Stack {
             .env("OUTBOX_POLL_INTERVAL_MS", "200")
             .env("RUST_LOG", "info")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                self.service_env
+                    .get(service)
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k, v)),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)

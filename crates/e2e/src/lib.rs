@@ -13,12 +13,14 @@
 //! of them (and reads where their money went), [`hand`] produces records as a
 //! person would, [`infra`] stops and restarts the broker and PostgreSQL, and
 //! [`invariants`] checks, after a scenario, that every effect happened exactly once.
+//! [`kafka_users`] grants a test the chart's least-privileged Kafka users.
 
 pub mod cancellations;
 pub mod chaos;
 pub mod hand;
 pub mod infra;
 pub mod invariants;
+pub mod kafka_users;
 pub mod load;
 pub mod metrics;
 pub mod viewer;
@@ -66,6 +68,8 @@ pub struct Stack {
     instances: BTreeMap<String, &'static str>,
     /// Variables every instance is started with, restarts included.
     env: Vec<(String, String)>,
+    /// Variables each instance of one service is started with, after `env`.
+    service_env: HashMap<&'static str, Vec<(String, String)>>,
     http: reqwest::Client,
 }
 
@@ -162,6 +166,14 @@ impl Stack {
         env: &[(&str, &str)],
         partitions: i32,
     ) -> Self {
+        let mut stack = Self::prepare(env, partitions).await;
+        stack.start_all(failpoints).await;
+        stack
+    }
+
+    /// The topics and the databases of a stack with `env` for every service, on topics
+    /// of `partitions` partitions each, and nothing started yet ([`Stack::start_all`]).
+    pub async fn prepare(env: &[(&str, &str)], partitions: i32) -> Self {
         let (kafka, orders_db, payments_db, notifications_db, provider_db) = tokio::join!(
             TestKafka::with_partitions(partitions),
             own_database(ORDER_SERVICE),
@@ -169,7 +181,7 @@ impl Stack {
             own_database(NOTIFICATION_SERVICE),
             own_database(PAYMENT_PROVIDER)
         );
-        let mut stack = Self {
+        let stack = Self {
             kafka,
             orders_db,
             payments_db,
@@ -182,6 +194,7 @@ impl Stack {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            service_env: HashMap::new(),
             http: reqwest::Client::new(),
         };
         if stack.prunes_inboxes() {
@@ -190,7 +203,18 @@ impl Stack {
                 .set_topic_config("retention.ms", PRUNING_TOPIC_RETENTION_MS)
                 .await;
         }
-        if let Some(status) = stack
+        stack
+    }
+
+    /// Sets `env` for every instance of `service` started from now on.
+    pub fn set_service_env(&mut self, service: &'static str, env: Vec<(String, String)>) {
+        self.service_env.insert(service, env);
+    }
+
+    /// Starts the provider and the three services of a prepared stack, with `failpoints`
+    /// armed in some, and waits until each reports healthy.
+    pub async fn start_all(&mut self, failpoints: &[(&'static str, String)]) {
+        if let Some(status) = self
             .start_instance(PAYMENT_PROVIDER, PAYMENT_PROVIDER, None)
             .await
         {
@@ -201,11 +225,10 @@ impl Stack {
                 .iter()
                 .find(|(s, _)| *s == service)
                 .map(|(_, spec)| spec.as_str());
-            if let Some(status) = stack.start_instance(service, service, armed).await {
+            if let Some(status) = self.start_instance(service, service, armed).await {
                 panic!("{service} exited before it was healthy: {status}");
             }
         }
-        stack
     }
 
     /// The database `service` owns.

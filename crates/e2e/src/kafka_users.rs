@@ -1,0 +1,53 @@
+//! The Kafka users of the chart's example (`deploy/helm/examples/kafka-users.yaml`, one
+//! per service, each with the ACLs its code needs), granted on a test's namespace through
+//! `scripts/kafka-tool users`, so that a test logs in with exactly the rights a deployment
+//! gives. The single broker of `scripts/infra-up` has their logins (SCRAM and PLAIN).
+
+use std::process::Command;
+
+use crate::workspace_root;
+
+/// The example's file, relative to the checkout.
+pub const KAFKA_USERS_FILE: &str = "deploy/helm/examples/kafka-users.yaml";
+
+/// ACLs granted on one namespace; revoked when dropped.
+pub struct Granted {
+    brokers: String,
+    namespace: String,
+}
+
+impl Granted {
+    /// Grants every ACL of the example on `namespace` through `brokers` (a listener whose
+    /// user may, the PLAINTEXT one), but those of `without`, each
+    /// `USER:TYPE:NAME:OPERATION` as the file names it
+    /// (`order-service:topic:payments:Read`).
+    pub fn grant(brokers: &str, namespace: &str, without: &[&str]) -> Self {
+        run(brokers, "grant", namespace, without);
+        Self {
+            brokers: brokers.to_owned(),
+            namespace: namespace.to_owned(),
+        }
+    }
+}
+
+impl Drop for Granted {
+    fn drop(&mut self) {
+        run(&self.brokers, "revoke", &self.namespace, &[]);
+    }
+}
+
+fn run(brokers: &str, what: &str, namespace: &str, without: &[&str]) {
+    let root = workspace_root();
+    let output = Command::new(root.join("scripts/kafka-tool"))
+        .args(["users", brokers, what, namespace])
+        .arg(root.join(KAFKA_USERS_FILE))
+        .args(without)
+        .output()
+        .expect("scripts/kafka-tool runs");
+    assert!(
+        output.status.success() || std::thread::panicking(),
+        "kafka-tool users {what} {namespace}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
