@@ -1,13 +1,19 @@
 //! docker-compose.sasl.yml against the native broker's SASL_SSL listener
 //! (`scripts/infra-up`, deploy/kafka/server.properties): the same port, mechanisms,
-//! users, password and ACLs, and every Kafka client of the main file logging in on it.
+//! users, password and ACLs (the chart's example users'), and every Kafka client of the
+//! main file logging in on it as the user of its name.
 
 use std::collections::BTreeSet;
 
+use saga_e2e::kafka_users::KAFKA_USERS_FILE;
+use saga_e2e::workspace_root;
+use saphyr::{LoadableYamlNode, YamlOwned};
+
 use crate::kafka::native_properties;
 use crate::lib_sh::LibSh;
+use crate::read;
 use crate::yaml::{
-    Node, Overlaid, env_var, environment, listener_addresses, published_ports, strings,
+    Node, Overlaid, env_var, environment, listener_addresses, published_ports, strings, text,
 };
 
 const OVERLAY: &str = "docker-compose.sasl.yml";
@@ -22,15 +28,11 @@ fn native(lib: &LibSh, key: &str) -> String {
     let value = native_properties(SERVER_PROPERTIES)
         .remove(key)
         .unwrap_or_else(|| panic!("{SERVER_PROPERTIES}: no {key}"));
-    [
-        "KAFKA_SASL_USER",
-        "KAFKA_SASL_DENIED_USER",
-        "KAFKA_SASL_PASSWORD",
-    ]
-    .iter()
-    .fold(value, |value, name| {
-        value.replace(&format!("@{name}@"), &lib.scalar(name))
-    })
+    ["KAFKA_SASL_DENIED_USER", "KAFKA_SASL_PASSWORD"]
+        .iter()
+        .fold(value, |value, name| {
+            value.replace(&format!("@{name}@"), &lib.scalar(name))
+        })
 }
 
 /// The password as compose fills it in when the environment gives none.
@@ -101,7 +103,7 @@ fn the_overlays_listener_is_the_native_ones_port_mechanisms_users_and_acls() {
         env_var(&users, "kafka-users", "USERS"),
         format!(
             "{} {}",
-            lib.scalar("KAFKA_SASL_USER"),
+            lib.scalar("KAFKA_SASL_SERVICE_USERS"),
             lib.scalar("KAFKA_SASL_DENIED_USER")
         )
     );
@@ -139,9 +141,12 @@ fn every_kafka_client_logs_in_on_the_overlays_listener_trusting_its_ca() {
         );
         let mechanism = env_var(&env, name, "KAFKA_CLIENT_SASL_MECHANISM");
         assert!(mechanisms.contains(&mechanism), "{name}: {mechanism}");
-        assert_eq!(
-            env_var(&env, name, "KAFKA_CLIENT_SASL_USERNAME"),
-            lib.scalar("KAFKA_SASL_USER")
+        assert_eq!(env_var(&env, name, "KAFKA_CLIENT_SASL_USERNAME"), name);
+        assert!(
+            lib.scalar("KAFKA_SASL_SERVICE_USERS")
+                .split(' ')
+                .any(|user| user == name),
+            "{name}: not a user of the native listener (KAFKA_SASL_SERVICE_USERS)"
         );
         assert_eq!(
             compose_default(&env_var(&env, name, "KAFKA_CLIENT_SASL_PASSWORD")),
@@ -156,4 +161,62 @@ fn every_kafka_client_logs_in_on_the_overlays_listener_trusting_its_ca() {
             "{name}: the CA's volume"
         );
     }
+}
+
+/// One ACL: user, resource type, resource name, operation.
+type Acl = (String, String, String, String);
+
+/// The ACLs of the chart's example users, with Strimzi's resource types spelled as
+/// kafka-acls.sh spells its options (`transactionalId` is `transactional-id`).
+fn example_acls() -> BTreeSet<Acl> {
+    let path = workspace_root().join(KAFKA_USERS_FILE);
+    let documents = YamlOwned::load_from_str(&read(&path))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut acls = BTreeSet::new();
+    for user in documents
+        .iter()
+        .filter(|d| text(d.at(&["kind"])) == "KafkaUser")
+    {
+        let name = text(user.at(&["metadata", "name"]));
+        let entries = user.at(&["spec", "authorization", "acls"]);
+        for acl in entries.as_sequence().expect("acls is a list") {
+            let kind = match text(acl.at(&["resource", "type"])).as_str() {
+                "transactionalId" => "transactional-id".to_owned(),
+                other => other.to_owned(),
+            };
+            let resource = acl.get(&["resource", "name"]).map(text).unwrap_or_default();
+            for operation in strings(acl.at(&["operations"])) {
+                acls.insert((name.clone(), kind.clone(), resource.clone(), operation));
+            }
+        }
+    }
+    acls
+}
+
+#[test]
+fn the_overlay_grants_each_service_the_chart_examples_acls_and_nothing_more() {
+    let compose = Overlaid::load(OVERLAY);
+    let env = compose.environment("kafka-users");
+    let mut granted = BTreeSet::new();
+    for line in env_var(&env, "kafka-users", "ACLS").lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let [user, kind, name, operations] = words[..] else {
+            panic!("ACLS: {line:?} is not `user type name operations`");
+        };
+        for operation in operations.split(',') {
+            granted.insert((user.into(), kind.into(), name.into(), operation.into()));
+        }
+    }
+    let example = example_acls();
+    assert!(!example.is_empty(), "{KAFKA_USERS_FILE}: no ACL");
+    assert_eq!(
+        granted.difference(&example).collect::<Vec<_>>(),
+        Vec::<&Acl>::new(),
+        "granted by {OVERLAY}, not in {KAFKA_USERS_FILE}"
+    );
+    assert_eq!(
+        example.difference(&granted).collect::<Vec<_>>(),
+        Vec::<&Acl>::new(),
+        "in {KAFKA_USERS_FILE}, not granted by {OVERLAY}"
+    );
 }
