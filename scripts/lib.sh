@@ -244,6 +244,18 @@ ensure_browser() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >&2
 }
 
+# Debian's PgBouncer, for the test that a pooler in transaction mode is refused.
+# Its packaged server stays stopped: the test starts one of its own.
+ensure_pgbouncer() {
+  command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]] && return 0
+  log "installing Debian's pgbouncer (for the connection pooler test)"
+  apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >&2
+  if command -v service >/dev/null 2>&1; then
+    service pgbouncer stop >/dev/null 2>&1 || true
+  fi
+}
+
 # True when MARKER holds VALUE: written last, it says which download completed.
 marker_holds() {
   [[ -f "$1" && "$(<"$1")" == "$2" ]]

@@ -38,6 +38,15 @@ pub enum DbError {
     Migrate(#[from] refinery::Error),
     #[error("{}", describe(.0))]
     Query(#[from] tokio_postgres::Error),
+    #[error(
+        "DATABASE_URL reaches PostgreSQL through a pooler that lends one server session to \
+         several clients (transaction or statement mode): two connections open at once were \
+         answered by one server process ({pid}). The relay's and the singletons' leases, the \
+         relay's LISTEN and the migrations' lock are session state: point DATABASE_URL at \
+         PostgreSQL itself, or at a pooler in session mode (docs/cluster.md, \"A connection \
+         pooler\")"
+    )]
+    SharedSession { pid: i32 },
 }
 
 /// The server's own message and SQLSTATE, or the I/O cause: tokio-postgres's `Display`
@@ -193,6 +202,39 @@ pub async fn connect(config: &Config) -> Result<Client, DbError> {
         }
     });
     Ok(client)
+}
+
+/// Refuses a `database_url` whose connections share server sessions, as a pooler in
+/// transaction or statement mode makes them: the leases (session advisory locks), the
+/// relay's `LISTEN` and its session settings would then belong to whichever client the
+/// pooler hands that server connection next. Two connections to PostgreSQL itself, open at
+/// once, are always two server processes; through such a pooler, the second is usually
+/// handed the server connection the first just gave back. Each of a few rounds asks anew,
+/// as the pooler may hand out another one that is idle; a miss lets a pooler through, and
+/// nothing direct is ever refused.
+pub async fn refuse_shared_sessions(database_url: &str) -> Result<(), DbError> {
+    const ROUNDS: usize = 3;
+    let config = parse_url(database_url)?;
+    let (first, second) = (connect(&config).await?, connect(&config).await?);
+    for _ in 0..ROUNDS {
+        let (a, b) = (backend_pid(&first).await?, backend_pid(&second).await?);
+        if let (Some(a), Some(b)) = (a, b)
+            && a == b
+        {
+            return Err(DbError::SharedSession { pid: a });
+        }
+    }
+    Ok(())
+}
+
+/// The server process `client`'s statement ran on, if it says; asked in the simple
+/// protocol, which a pooler passes through whatever its mode.
+async fn backend_pid(client: &Client) -> Result<Option<i32>, DbError> {
+    let messages = client.simple_query("SELECT pg_backend_pid()").await?;
+    Ok(messages.iter().find_map(|message| match message {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
+        _ => None,
+    }))
 }
 
 /// Applies the saga's migrations, then the service's own set (from `service`, the

@@ -83,6 +83,7 @@ impl Service {
         })
         .await
         .context("cannot migrate the database")?;
+        db::refuse_shared_sessions(database.database_url.as_str()).await?;
         Ok(Self {
             name,
             pool: db::pool(
