@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
-use rdkafka::types::RDKafkaErrorCode;
 
 /// One of the ACL operations the services need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,9 +109,10 @@ impl Rights {
     }
 
     /// The rights `client` lacks, in the order they were listed. A resource the broker
-    /// does not describe to it at all lacks every right asked for. A broker that names no
-    /// operations (one without an authorizer, or too old to say) lacks none, and so does
-    /// a transactional id, which Kafka has no such question for. Blocks.
+    /// does not describe to it at all lacks every right asked for. A broker without an
+    /// authorizer names every operation; one that names none (too old to say) lacks
+    /// none, and so does a transactional id, which Kafka has no such question for.
+    /// Blocks.
     pub fn missing<C: ClientContext>(&self, client: &Client<C>) -> anyhow::Result<Vec<Missing>> {
         let names = |kind: fn(&Resource) -> Option<&str>| -> Vec<&str> {
             self.0
@@ -161,10 +161,14 @@ fn describe<C: ClientContext>(
     kind: Kind,
     names: &[&str],
 ) -> anyhow::Result<Vec<Option<Vec<c_int>>>> {
-    if names.is_empty() {
+    // Both calls refuse a name given twice.
+    let mut unique = names.to_vec();
+    unique.sort_unstable();
+    unique.dedup();
+    if unique.is_empty() {
         return Ok(Vec::new());
     }
-    let owned: Vec<CString> = names
+    let owned: Vec<CString> = unique
         .iter()
         .map(|name| CString::new(*name))
         .collect::<Result<_, _>>()?;
@@ -176,8 +180,10 @@ fn describe<C: ClientContext>(
     unsafe {
         match kind {
             Kind::Topics => {
-                let collection =
-                    rd::rd_kafka_TopicCollection_of_topic_names(pointers.as_mut_ptr(), names.len());
+                let collection = rd::rd_kafka_TopicCollection_of_topic_names(
+                    pointers.as_mut_ptr(),
+                    pointers.len(),
+                );
                 rd::rd_kafka_DescribeTopics(
                     client.native_ptr(),
                     collection,
@@ -189,7 +195,7 @@ fn describe<C: ClientContext>(
             Kind::Groups => rd::rd_kafka_DescribeConsumerGroups(
                 client.native_ptr(),
                 pointers.as_mut_ptr(),
-                names.len(),
+                pointers.len(),
                 call.options,
                 call.queue,
             ),
@@ -263,8 +269,7 @@ impl Call {
         let event = Event(event);
         // SAFETY: a valid event.
         unsafe {
-            let code = rd::rd_kafka_event_error(event.0);
-            if code != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            if event_error(event.0) != 0 {
                 let message = CStr::from_ptr(rd::rd_kafka_event_error_string(event.0));
                 anyhow::bail!(
                     "asking Kafka for this client's rights: {}",
@@ -298,20 +303,25 @@ impl Drop for Event {
 
 impl Event {
     /// Each described name and what it may do: empty if not authorized to describe it,
-    /// `None` if the broker named no operations.
+    /// `None` if the broker named no operations. A resource left out of the answer is
+    /// left out here too.
     fn answers(&self, kind: Kind) -> Vec<(String, Option<Vec<c_int>>)> {
         let mut count = 0;
         // SAFETY: the arrays and strings belong to the event, which outlives this call;
-        // each is copied out before it returns. Operations are read as plain integers: an
-        // operation this build does not know must not become an invalid enum value.
+        // each is copied out before it returns, and each pointer is checked for null
+        // first (librdkafka leaves a topic the broker did not answer null in its slot).
         unsafe {
             match kind {
                 Kind::Topics => {
                     let result = rd::rd_kafka_event_DescribeTopics_result(self.0);
+                    if result.is_null() {
+                        return Vec::new();
+                    }
                     let topics = rd::rd_kafka_DescribeTopics_result_topics(result, &mut count);
                     (0..count)
-                        .map(|i| {
-                            let topic = *topics.add(i);
+                        .map(|i| *topics.add(i))
+                        .filter(|topic| !topic.is_null())
+                        .filter_map(|topic| {
                             let mut n = 0;
                             let ops =
                                 rd::rd_kafka_TopicDescription_authorized_operations(topic, &mut n);
@@ -326,11 +336,15 @@ impl Event {
                 }
                 Kind::Groups => {
                     let result = rd::rd_kafka_event_DescribeConsumerGroups_result(self.0);
+                    if result.is_null() {
+                        return Vec::new();
+                    }
                     let groups =
                         rd::rd_kafka_DescribeConsumerGroups_result_groups(result, &mut count);
                     (0..count)
-                        .map(|i| {
-                            let group = *groups.add(i);
+                        .map(|i| *groups.add(i))
+                        .filter(|group| !group.is_null())
+                        .filter_map(|group| {
                             let mut n = 0;
                             let ops = rd::rd_kafka_ConsumerGroupDescription_authorized_operations(
                                 group, &mut n,
@@ -349,37 +363,54 @@ impl Event {
     }
 }
 
-/// One described resource: its name, and what it may do.
+// Kafka's error codes, read as plain integers: the bindings' enum has gaps, and a code
+// from a newer broker in one would be an invalid value.
+unsafe extern "C" {
+    #[link_name = "rd_kafka_error_code"]
+    fn error_code(error: *const rd::rd_kafka_error_t) -> c_int;
+    #[link_name = "rd_kafka_event_error"]
+    fn event_error(event: *mut rd::rd_kafka_event_t) -> c_int;
+}
+
+const TOPIC_AUTHORIZATION_FAILED: c_int =
+    rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED as c_int;
+const GROUP_AUTHORIZATION_FAILED: c_int =
+    rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED as c_int;
+
+/// One described resource: its name, and what it may do (`None` if the broker did not
+/// say); `None` for a resource without a name.
 ///
 /// # Safety
-/// Pointers from a live result: a name, an error or null, and `n` operations.
+/// Pointers from a live result: a name or null, an error or null, and `n` operations or
+/// null.
 unsafe fn answer(
     name: *const c_char,
     error: *const rd::rd_kafka_error_t,
     operations: *const c_int,
     n: usize,
-) -> (String, Option<Vec<c_int>>) {
+) -> Option<(String, Option<Vec<c_int>>)> {
+    if name.is_null() {
+        return None;
+    }
     // SAFETY: as the caller promises.
     unsafe {
         let name = CStr::from_ptr(name).to_string_lossy().into_owned();
         if !error.is_null() {
-            let code = RDKafkaErrorCode::from(rd::rd_kafka_error_code(error));
-            if matches!(
-                code,
-                RDKafkaErrorCode::TopicAuthorizationFailed
-                    | RDKafkaErrorCode::GroupAuthorizationFailed
-            ) {
-                return (name, Some(Vec::new()));
-            }
-            // Any other error says nothing of the rights: the service finds it by itself.
-            return (name, None);
+            let allowed = match error_code(error) {
+                TOPIC_AUTHORIZATION_FAILED | GROUP_AUTHORIZATION_FAILED => Some(Vec::new()),
+                // Any other error says nothing of the rights: the service finds it by
+                // itself.
+                _ => None,
+            };
+            return Some((name, allowed));
         }
-        if operations.is_null() || n == 0 {
-            return (name, None);
+        // Null: not said. Not null with none: asked, and nothing allowed.
+        if operations.is_null() {
+            return Some((name, None));
         }
-        (
+        Some((
             name,
             Some(std::slice::from_raw_parts(operations, n).to_vec()),
-        )
+        ))
     }
 }

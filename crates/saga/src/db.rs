@@ -40,11 +40,11 @@ pub enum DbError {
     Query(#[from] tokio_postgres::Error),
     #[error(
         "DATABASE_URL reaches PostgreSQL through a pooler that lends one server session to \
-         several clients (transaction or statement mode): two connections open at once were \
-         answered by one server process ({pid}). The relay's and the singletons' leases, the \
-         relay's LISTEN and the migrations' lock are session state: point DATABASE_URL at \
-         PostgreSQL itself, or at a pooler in session mode (docs/cluster.md, \"A connection \
-         pooler\")"
+         several clients (transaction or statement mode): of two connections open at once, \
+         the second saw a setting the first made in its session (server process {pid}). The \
+         relay's and the singletons' leases, the relay's LISTEN and the migrations' lock are \
+         session state: point DATABASE_URL at PostgreSQL itself, or at a pooler in session \
+         mode (docs/cluster.md, \"A connection pooler\")"
     )]
     SharedSession { pid: i32 },
 }
@@ -206,35 +206,35 @@ pub async fn connect(config: &Config) -> Result<Client, DbError> {
 
 /// Refuses a `database_url` whose connections share server sessions, as a pooler in
 /// transaction or statement mode makes them: the leases (session advisory locks), the
-/// relay's `LISTEN` and its session settings would then belong to whichever client the
-/// pooler hands that server connection next. Two connections to PostgreSQL itself, open at
-/// once, are always two server processes; through such a pooler, the second is usually
-/// handed the server connection the first just gave back. Each of a few rounds asks anew,
-/// as the pooler may hand out another one that is idle; a miss lets a pooler through, and
-/// nothing direct is ever refused.
+/// relay's `LISTEN`, the migrations' lock and the relay's session settings would then
+/// belong to whichever client the pooler hands that server connection next. The first of
+/// two connections open at once sets a mark in its session; the second looks for it. Two
+/// sessions of PostgreSQL itself (or behind a load balancer, or a pooler in session mode,
+/// or one that pins a client to its server connection once it sets session state) never
+/// see each other's; through a pooler in transaction mode, the second client is usually
+/// handed the server connection the first just gave back, and finds the mark. A pooler
+/// that happens to hand out another idle server connection gets through; nothing whose
+/// sessions are their own is ever refused.
 pub async fn refuse_shared_sessions(database_url: &str) -> Result<(), DbError> {
-    const ROUNDS: usize = 3;
     let config = parse_url(database_url)?;
     let (first, second) = (connect(&config).await?, connect(&config).await?);
-    for _ in 0..ROUNDS {
-        let (a, b) = (backend_pid(&first).await?, backend_pid(&second).await?);
-        if let (Some(a), Some(b)) = (a, b)
-            && a == b
-        {
-            return Err(DbError::SharedSession { pid: a });
-        }
-    }
-    Ok(())
-}
-
-/// The server process `client`'s statement ran on, if it says; asked in the simple
-/// protocol, which a pooler passes through whatever its mode.
-async fn backend_pid(client: &Client) -> Result<Option<i32>, DbError> {
-    let messages = client.simple_query("SELECT pg_backend_pid()").await?;
-    Ok(messages.iter().find_map(|message| match message {
-        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
+    let mark = uuid::Uuid::new_v4().to_string();
+    first
+        .batch_execute(&format!("SET saga.session_mark = '{mark}'"))
+        .await?;
+    let seen = second
+        .simple_query("SELECT current_setting('saga.session_mark', true), pg_backend_pid()")
+        .await?;
+    let seen = seen.iter().find_map(|message| match message {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some((row.get(0)?, row.get(1)?)),
         _ => None,
-    }))
+    });
+    match seen {
+        Some((found, pid)) if found == mark => Err(DbError::SharedSession {
+            pid: pid.parse().unwrap_or_default(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Applies the saga's migrations, then the service's own set (from `service`, the

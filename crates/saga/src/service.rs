@@ -78,12 +78,16 @@ impl Service {
         let listener = TcpListener::bind(http_addr)
             .await
             .with_context(|| format!("cannot listen on {http_addr}"))?;
-        db::migrate_when_reachable(|| {
-            db::migrate(database.database_url.as_str(), migrations, history_table)
+        // Before the migrations, whose lock a shared session would not hold.
+        db::migrate_when_reachable(|| async {
+            db::refuse_shared_sessions(database.database_url.as_str()).await?;
+            db::migrate(database.database_url.as_str(), migrations, history_table).await
         })
         .await
-        .context("cannot migrate the database")?;
-        db::refuse_shared_sessions(database.database_url.as_str()).await?;
+        .map_err(|error| match error {
+            refused @ db::DbError::SharedSession { .. } => anyhow::Error::new(refused),
+            other => anyhow::Error::new(other).context("cannot migrate the database"),
+        })?;
         Ok(Self {
             name,
             pool: db::pool(

@@ -4,8 +4,8 @@
 //! `saga::db::refuse_shared_sessions`, run by every service at start, refuses it, and lets
 //! a pooler in session mode and PostgreSQL itself through.
 //!
-//! Settings: `PGBOUNCER` (`/usr/sbin/pgbouncer`), and the server of
-//! `SAGA_TEST_POSTGRES_URL`.
+//! Settings: `PGBOUNCER` (the `pgbouncer` on `PATH`, or Debian's `/usr/sbin/pgbouncer`),
+//! and the server of `SAGA_TEST_POSTGRES_URL`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -38,7 +38,11 @@ impl PgBouncer {
         let dir = TempDir::new();
         // PgBouncer will not run as root: it is told to become postgres, who must read this.
         let root = Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
-        let db = "host=127.0.0.1 port=5432 dbname=postgres";
+        let (host, server_port) = match (server.get_hosts(), server.get_ports()) {
+            ([tokio_postgres::config::Host::Tcp(host), ..], [port, ..]) => (host.clone(), *port),
+            _ => panic!("SAGA_TEST_POSTGRES_URL: a TCP host and port, for PgBouncer"),
+        };
+        let db = format!("host={host} port={server_port} dbname=postgres");
         dir.write(
             "pgbouncer.ini",
             &format!(
@@ -56,9 +60,15 @@ impl PgBouncer {
             ),
         );
         dir.write("users.txt", &format!("\"{user}\" \"{password}\"\n"));
-        let mut command = Command::new(
-            std::env::var("PGBOUNCER").unwrap_or_else(|_| "/usr/sbin/pgbouncer".into()),
-        );
+        let mut command = Command::new(std::env::var("PGBOUNCER").unwrap_or_else(|_| {
+            let on_path = Command::new("sh")
+                .args(["-c", "command -v pgbouncer"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+            on_path.unwrap_or_else(|| "/usr/sbin/pgbouncer".into())
+        }));
         if root {
             command.args(["-u", "postgres"]);
         }
@@ -110,7 +120,9 @@ async fn a_pooler_in_transaction_mode_is_refused_naming_database_url() {
         assert!(
             error.to_string().starts_with(
                 "DATABASE_URL reaches PostgreSQL through a pooler that lends one server \
-                 session to several clients (transaction or statement mode)"
+                 session to several clients (transaction or statement mode): of two \
+                 connections open at once, the second saw a setting the first made in its \
+                 session"
             ),
             "{error}"
         );
