@@ -365,30 +365,42 @@ ensure_kafka_jars() {
   exec {lock_fd}>&-
 }
 
+# The Java helpers of deploy/kafka (EnsureTopics, KafkaUsers), compiled once
+# into the cache: launching a .java file directly would compile it at every run
+# (about 1.5 s).
+KAFKA_HELPER_CLASSES="$KAFKA_HOME/classes"
+
+helpers_compiled() {
+  local src
+  for src in "$ROOT"/deploy/kafka/*.java; do
+    [[ "$KAFKA_HELPER_CLASSES/$(basename "$src" .java).class" -nt "$src" ]] || return 1
+  done
+}
+
+compile_kafka_helpers() {
+  helpers_compiled && return 0
+  # Tests run kafka-tool from several threads at once: one compiles, the others
+  # wait and then find the classes.
+  local lock_fd
+  mkdir -p "$KAFKA_HOME"
+  exec {lock_fd}>"$KAFKA_HOME/.compile.lock"
+  flock "$lock_fd"
+  if ! helpers_compiled; then
+    require_command javac "install a Java 17 JDK (apt-get install -y openjdk-17-jdk-headless)"
+    rm -rf "$KAFKA_HELPER_CLASSES.tmp"
+    javac -nowarn -d "$KAFKA_HELPER_CLASSES.tmp" -cp "$KAFKA_LIBS/*" "$ROOT"/deploy/kafka/*.java
+    rm -rf "$KAFKA_HELPER_CLASSES"
+    mv "$KAFKA_HELPER_CLASSES.tmp" "$KAFKA_HELPER_CLASSES"
+  fi
+  exec {lock_fd}>&-
+}
+
 # kafka_java_cmd [EXTRA_CLASSPATH]
 # Fills the array KAFKA_JAVA with a java command line that runs classes from
 # the cached Kafka jars with the CLI logging setup; append CLASS and ARGS.
 # An array rather than a function so that callers can `exec` it: signals such
 # as Ctrl-C then reach the JVM directly.
 # shellcheck disable=SC2120 # the argument is optional
-# The Java helpers of deploy/kafka (EnsureTopics, KafkaUsers), compiled once
-# into the cache: launching a .java file directly would compile it at every run
-# (about 1.5 s).
-KAFKA_HELPER_CLASSES="$KAFKA_HOME/classes"
-
-compile_kafka_helpers() {
-  local src stale=0
-  for src in "$ROOT"/deploy/kafka/*.java; do
-    [[ "$KAFKA_HELPER_CLASSES/$(basename "$src" .java).class" -nt "$src" ]] || stale=1
-  done
-  ((stale)) || return 0
-  require_command javac "install a Java 17 JDK (apt-get install -y openjdk-17-jdk-headless)"
-  rm -rf "$KAFKA_HELPER_CLASSES.tmp"
-  javac -nowarn -d "$KAFKA_HELPER_CLASSES.tmp" -cp "$KAFKA_LIBS/*" "$ROOT"/deploy/kafka/*.java
-  rm -rf "$KAFKA_HELPER_CLASSES"
-  mv "$KAFKA_HELPER_CLASSES.tmp" "$KAFKA_HELPER_CLASSES"
-}
-
 kafka_java_cmd() {
   # The quoted glob is expanded by the JVM, not by bash.
   local classpath="$KAFKA_LIBS/*"

@@ -21,8 +21,16 @@ impl Granted {
     /// user may, the PLAINTEXT one), but those of `without`, each
     /// `USER:TYPE:NAME:OPERATION` as the file names it
     /// (`order-service:topic:payments:Read`).
-    pub fn grant(brokers: &str, namespace: &str, without: &[&str]) -> Self {
-        run(brokers, "grant", namespace, without);
+    pub async fn grant(brokers: &str, namespace: &str, without: &[&str]) -> Self {
+        let (b, n) = (brokers.to_owned(), namespace.to_owned());
+        let without: Vec<String> = without.iter().map(|w| (*w).to_owned()).collect();
+        // A JVM's start: off the test's runtime, which may have one thread.
+        tokio::task::spawn_blocking(move || {
+            let without: Vec<&str> = without.iter().map(String::as_str).collect();
+            run(&b, "grant", &n, &without);
+        })
+        .await
+        .expect("the grant ran");
         Self {
             brokers: brokers.to_owned(),
             namespace: namespace.to_owned(),

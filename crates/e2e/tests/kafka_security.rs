@@ -58,7 +58,7 @@ fn sasl_ssl(user: &str, password: &str, mechanism: &str) -> Vec<(String, String)
 /// may do on this stack's namespace what the chart's example user may.
 async fn confirms_an_order_as_least_privileged_users(mechanism: &str) {
     let mut stack = Stack::prepare(&[], topic_partitions()).await;
-    let _granted = Granted::grant(&stack.kafka.brokers, &stack.kafka.namespace, &[]);
+    let _granted = Granted::grant(&stack.kafka.brokers, &stack.kafka.namespace, &[]).await;
     for service in SERVICES {
         stack.set_service_env(service, sasl_ssl(service, &password(), mechanism));
     }
@@ -115,9 +115,9 @@ impl Alone {
             |k| k.namespace.clone(),
         );
         let granted = match topics {
-            Topics::NotYet => Some(Granted::grant(&kafka_brokers(), &namespace, &[])),
+            Topics::NotYet => Some(Granted::grant(&kafka_brokers(), &namespace, &[]).await),
             Topics::Granted { without } => {
-                Some(Granted::grant(&kafka_brokers(), &namespace, without))
+                Some(Granted::grant(&kafka_brokers(), &namespace, without).await)
             }
             Topics::Made => None,
         };
@@ -273,7 +273,8 @@ const ONE_ACL_SHORT: [(&str, &str); 7] = [
 /// none of them is one the service could do without, and none is found missing only at
 /// the first publish or the first dead letter. The relay's transactional id is checked by
 /// its `init_transactions`, which fails the service a moment after it started.
-#[tokio::test]
+// Threads of their own: each run's revoke, when it is dropped, blocks on a JVM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_user_one_acl_short_stops_a_service_at_start_naming_that_acl() {
     let mut runs = tokio::task::JoinSet::new();
     for (without, named) in ONE_ACL_SHORT {

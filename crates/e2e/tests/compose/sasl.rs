@@ -185,6 +185,13 @@ fn example_acls() -> BTreeSet<Acl> {
                 other => other.to_owned(),
             };
             let resource = acl.get(&["resource", "name"]).map(text).unwrap_or_default();
+            // The overlay grants literal names only.
+            let pattern = acl.get(&["resource", "patternType"]).map(text);
+            assert!(
+                matches!(pattern.as_deref(), None | Some("literal")),
+                "{KAFKA_USERS_FILE}: {name}'s ACL on {resource} is {pattern:?}, which the \
+                 overlay's lines cannot say"
+            );
             for operation in strings(acl.at(&["operations"])) {
                 acls.insert((name.clone(), kind.clone(), resource.clone(), operation));
             }
