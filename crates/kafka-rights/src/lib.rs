@@ -99,12 +99,9 @@ impl Rights {
     }
 
     pub fn topics(&self) -> Vec<String> {
-        self.0
-            .iter()
-            .filter_map(|(resource, _)| match resource {
-                Resource::Topic(name) => Some(name.clone()),
-                Resource::Group(_) | Resource::TransactionalId(_) => None,
-            })
+        self.names(Kind::Topics)
+            .into_iter()
+            .map(str::to_owned)
             .collect()
     }
 
@@ -114,61 +111,77 @@ impl Rights {
     /// none, and so does a transactional id, which Kafka has no such question for.
     /// Blocks.
     pub fn missing<C: ClientContext>(&self, client: &Client<C>) -> anyhow::Result<Vec<Missing>> {
-        let names = |kind: fn(&Resource) -> Option<&str>| -> Vec<&str> {
-            self.0
-                .iter()
-                .filter_map(|(resource, _)| kind(resource))
-                .collect()
-        };
-        let topics = names(|r| matches!(r, Resource::Topic(_)).then(|| r.name()));
-        let groups = names(|r| matches!(r, Resource::Group(_)).then(|| r.name()));
-        let topic_answers = describe(client, Kind::Topics, &topics)?;
-        let group_answers = describe(client, Kind::Groups, &groups)?;
+        let topics = describe(client, Kind::Topics, &self.names(Kind::Topics))?;
+        let groups = describe(client, Kind::Groups, &self.names(Kind::Groups))?;
         let mut missing = Vec::new();
         for (resource, operations) in &self.0 {
-            let (names, answers) = match resource {
-                Resource::Topic(_) => (&topics, &topic_answers),
-                Resource::Group(_) => (&groups, &group_answers),
-                Resource::TransactionalId(_) => continue,
+            let answers = match Kind::of(resource) {
+                Some(Kind::Topics) => &topics,
+                Some(Kind::Groups) => &groups,
+                None => continue,
             };
-            let at = names.iter().position(|name| *name == resource.name());
-            let Some(Some(allowed)) = at.map(|at| &answers[at]) else {
-                continue;
-            };
-            for &operation in operations {
-                if !allowed.contains(&operation.code()) {
-                    missing.push(Missing {
+            let name = resource.name();
+            let answer = answers
+                .get(name)
+                .ok_or_else(|| anyhow::anyhow!("Kafka did not describe {name}"))?;
+            let Some(allowed) = answer else { continue };
+            missing.extend(
+                operations
+                    .iter()
+                    .filter(|operation| !allowed.contains(&operation.code()))
+                    .map(|&operation| Missing {
                         operation,
                         resource: resource.clone(),
-                    });
-                }
-            }
+                    }),
+            );
         }
         Ok(missing)
     }
+
+    /// The names of the resources of `kind`, each once: both of Kafka's calls refuse a
+    /// name given twice.
+    fn names(&self, kind: Kind) -> Vec<&str> {
+        let names: std::collections::BTreeSet<&str> = self
+            .0
+            .iter()
+            .filter(|(resource, _)| Kind::of(resource) == Some(kind))
+            .map(|(resource, _)| resource.name())
+            .collect();
+        names.into_iter().collect()
+    }
 }
 
-#[derive(Clone, Copy)]
+/// The resources Kafka answers a question of rights for.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Topics,
     Groups,
 }
 
-/// The operations the broker allows on each of `names`, in their order: empty for one it
-/// will not describe to this client, `None` for one it names no operations for.
+impl Kind {
+    fn of(resource: &Resource) -> Option<Self> {
+        match resource {
+            Resource::Topic(_) => Some(Self::Topics),
+            Resource::Group(_) => Some(Self::Groups),
+            Resource::TransactionalId(_) => None,
+        }
+    }
+}
+
+/// What the broker said of each resource it described: the operations it allows, empty
+/// for one it will not describe to this client, `None` if it named none.
+type Answers = std::collections::HashMap<String, Option<Vec<c_int>>>;
+
+/// What the broker says of each of `names` (each given once).
 fn describe<C: ClientContext>(
     client: &Client<C>,
     kind: Kind,
     names: &[&str],
-) -> anyhow::Result<Vec<Option<Vec<c_int>>>> {
-    // Both calls refuse a name given twice.
-    let mut unique = names.to_vec();
-    unique.sort_unstable();
-    unique.dedup();
-    if unique.is_empty() {
-        return Ok(Vec::new());
+) -> anyhow::Result<Answers> {
+    if names.is_empty() {
+        return Ok(Answers::new());
     }
-    let owned: Vec<CString> = unique
+    let owned: Vec<CString> = names
         .iter()
         .map(|name| CString::new(*name))
         .collect::<Result<_, _>>()?;
@@ -201,18 +214,7 @@ fn describe<C: ClientContext>(
             ),
         }
     }
-    let event = call.result()?;
-    let answers = event.answers(kind);
-    names
-        .iter()
-        .map(|name| {
-            answers
-                .iter()
-                .find(|(answered, _)| answered == name)
-                .map(|(_, allowed)| allowed.clone())
-                .ok_or_else(|| anyhow::anyhow!("Kafka did not describe {name}"))
-        })
-        .collect()
+    Ok(call.result()?.answers(kind).into_iter().collect())
 }
 
 /// One admin request's options and the queue its result arrives on.
