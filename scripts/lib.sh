@@ -36,13 +36,12 @@ KAFKA_HOST=127.0.0.1
 KAFKA_PORT=9092
 # The single broker's second client listener: SASL_SSL, for trying the services
 # over TLS with a login (SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN). Its CA is
-# $KAFKA_TLS_DIR/ca.pem. Each service logs in as the user of its name, which may
-# do what the chart's example users may ($KAFKA_USERS_FILE) and nothing more;
-# $KAFKA_SASL_DENIED_USER may log in and do nothing. All have the password
-# $KAFKA_SASL_PASSWORD. No user of this listener is a super user.
+# $KAFKA_TLS_DIR/ca.pem. Each service logs in as the user of its name, one of the
+# chart's example users ($KAFKA_USERS_FILE), which may do what the example says
+# and nothing more; $KAFKA_SASL_DENIED_USER may log in and do nothing. All have
+# the password $KAFKA_SASL_PASSWORD. No user of this listener is a super user.
 KAFKA_SASL_PORT=9094
 KAFKA_TLS_DIR="$RUN_DIR/kafka-tls"
-KAFKA_SASL_SERVICE_USERS="order-service payment-service notification-service"
 KAFKA_SASL_DENIED_USER=saga-denied
 KAFKA_USERS_FILE="$ROOT/deploy/helm/examples/kafka-users.yaml"
 KAFKA_SASL_PASSWORD="${KAFKA_SASL_PASSWORD:-saga-kafka-pw}"

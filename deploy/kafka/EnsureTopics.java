@@ -10,8 +10,8 @@
 // separated) is among the brokers the cluster serves with, then lists the
 // topics, which succeeds only once a broker answers metadata requests. The
 // replication factor is the brokers' default.replication.factor, which the
-// mode's properties file sets. With -Dscram.users it also adds the SASL users
-// (ensureScramUsers).
+// mode's properties file sets. With -Dscram.users and -Dkafka.users.file it also
+// adds the SASL users (ensureScramUsers) and grants the file's ACLs (KafkaUsers).
 
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -128,9 +128,22 @@ public class EnsureTopics {
                 d.partitions().forEach(p -> replicas.add(p.replicas().size()));
             }
 
-            String users = System.getProperty("scram.users", "");
+            // The SASL users: those of -Dscram.users, and each KafkaUser of
+            // -Dkafka.users.file, whose ACLs are then granted on the saga's own topics.
+            List<String> users = new ArrayList<>();
+            String listed = System.getProperty("scram.users", "");
+            if (!listed.isEmpty()) {
+                users.addAll(Arrays.asList(listed.split(",")));
+            }
+            String usersFile = System.getProperty("kafka.users.file", "");
+            if (!usersFile.isEmpty()) {
+                users.addAll(KafkaUsers.users(new java.io.File(usersFile)));
+            }
             if (!users.isEmpty()) {
-                ensureScramUsers(admin, users.split(","), System.getProperty("scram.password"));
+                ensureScramUsers(admin, users.toArray(String[]::new), System.getProperty("scram.password"));
+            }
+            if (!usersFile.isEmpty()) {
+                System.out.println(KafkaUsers.apply(admin, true, new java.io.File(usersFile), "", Set.of()));
             }
 
             System.out.println("topics created: " + (created.isEmpty() ? "none" : String.join(", ", created))

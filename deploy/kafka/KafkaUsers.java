@@ -14,7 +14,9 @@
 // order-service:topic:payments:Read), is an ACL left out: a user one right
 // short. Granting what exists already, or revoking what does not, changes
 // nothing. The users' logins are not made here: SCRAM credentials are made by
-// EnsureTopics, PLAIN ones are in the listener's JAAS configuration.
+// EnsureTopics (which, given -Dkafka.users.file, also grants the file's ACLs
+// with no namespace, in its own JVM), PLAIN ones are in the listener's JAAS
+// configuration.
 
 import java.io.File;
 import java.util.ArrayList;
@@ -47,14 +49,23 @@ public class KafkaUsers {
             System.exit(2);
         }
         Set<String> without = Set.of(Arrays.copyOfRange(args, 4, args.length));
-        List<AclBinding> acls = acls(new File(args[3]), args[2], without);
-
         Properties props = new Properties();
         props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
         props.put(AdminClientConfig.CLIENT_ID_CONFIG, "order-saga-kafka-users");
         props.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "30000");
         try (Admin admin = Admin.create(props)) {
-            if (args[1].equals("grant")) {
+            System.out.println(apply(admin, args[1].equals("grant"), new File(args[3]), args[2], without));
+        }
+    }
+
+    // Grants (or revokes) the ACLs of FILE's users on NAMESPACE, less WITHOUT, and says
+    // what it did. EnsureTopics calls this too, in its own JVM.
+    static String apply(Admin admin, boolean grant, File file, String namespace, Set<String> without)
+            throws Exception {
+        List<AclBinding> acls = acls(file, namespace, without);
+        String done = grant ? "granted" : "revoked";
+        try {
+            if (grant) {
                 admin.createAcls(acls).all().get();
             } else {
                 admin.deleteAcls(acls.stream().map(AclBinding::toFilter).toList()).all().get();
@@ -63,42 +74,56 @@ public class KafkaUsers {
             // A broker without an authorizer (one started elsewhere) lets everyone do
             // everything: there is nothing to grant.
             if (e.getCause() instanceof SecurityDisabledException) {
-                System.out.println("no ACLs " + args[1] + "ed: the broker has no authorizer");
-                return;
+                return "no ACLs " + done + ": the broker has no authorizer";
             }
             throw e;
         }
-        Set<String> users = new TreeSet<>();
-        acls.forEach(acl -> users.add(acl.entry().principal()));
-        System.out.println((args[1].equals("grant") ? "granted " : "revoked ") + acls.size()
-                + " ACLs of " + String.join(", ", users)
-                + (args[2].isEmpty() ? "" : " in namespace " + args[2])
-                + (without.isEmpty() ? "" : ", without " + String.join(", ", without)));
+        Set<String> principals = new TreeSet<>();
+        acls.forEach(acl -> principals.add(acl.entry().principal()));
+        return done + " " + acls.size() + " ACLs of " + String.join(", ", principals)
+                + (namespace.isEmpty() ? "" : " in namespace " + namespace)
+                + (without.isEmpty() ? "" : ", without " + String.join(", ", without));
+    }
+
+    // The users FILE names: each KafkaUser's metadata.name.
+    static List<String> users(File file) throws Exception {
+        List<String> users = new ArrayList<>();
+        for (JsonNode document : kafkaUsers(file)) {
+            users.add(document.path("metadata").path("name").asText());
+        }
+        return users;
+    }
+
+    static List<JsonNode> kafkaUsers(File file) throws Exception {
+        List<JsonNode> users = new ArrayList<>();
+        try (MappingIterator<JsonNode> documents = new YAMLMapper().readerFor(JsonNode.class).readValues(file)) {
+            while (documents.hasNext()) {
+                JsonNode document = documents.next();
+                if ("KafkaUser".equals(document.path("kind").asText())) {
+                    users.add(document);
+                }
+            }
+        }
+        return users;
     }
 
     static List<AclBinding> acls(File file, String namespace, Set<String> without) throws Exception {
         List<AclBinding> acls = new ArrayList<>();
         Set<String> unused = new TreeSet<>(without);
-        try (MappingIterator<JsonNode> documents = new YAMLMapper().readerFor(JsonNode.class).readValues(file)) {
-            while (documents.hasNext()) {
-                JsonNode document = documents.next();
-                if (!"KafkaUser".equals(document.path("kind").asText())) {
-                    continue;
-                }
-                String user = document.path("metadata").path("name").asText();
-                for (JsonNode acl : document.path("spec").path("authorization").path("acls")) {
-                    JsonNode resource = acl.path("resource");
-                    String type = resource.path("type").asText();
-                    String name = resource.path("name").asText("");
-                    ResourcePattern pattern = pattern(type, namespace + name,
-                            resource.path("patternType").asText("literal"));
-                    for (JsonNode operation : acl.path("operations")) {
-                        if (unused.remove(user + ":" + type + ":" + name + ":" + operation.asText())) {
-                            continue;
-                        }
-                        acls.add(new AclBinding(pattern, new AccessControlEntry("User:" + user,
-                                acl.path("host").asText("*"), operation(operation.asText()), AclPermissionType.ALLOW)));
+        for (JsonNode document : kafkaUsers(file)) {
+            String user = document.path("metadata").path("name").asText();
+            for (JsonNode acl : document.path("spec").path("authorization").path("acls")) {
+                JsonNode resource = acl.path("resource");
+                String type = resource.path("type").asText();
+                String name = resource.path("name").asText("");
+                ResourcePattern pattern = pattern(type, namespace + name,
+                        resource.path("patternType").asText("literal"));
+                for (JsonNode operation : acl.path("operations")) {
+                    if (unused.remove(user + ":" + type + ":" + name + ":" + operation.asText())) {
+                        continue;
                     }
+                    acls.add(new AclBinding(pattern, new AccessControlEntry("User:" + user,
+                            acl.path("host").asText("*"), operation(operation.asText()), AclPermissionType.ALLOW)));
                 }
             }
         }

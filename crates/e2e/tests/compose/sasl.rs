@@ -6,14 +6,13 @@
 use std::collections::BTreeSet;
 
 use saga_e2e::kafka_users::KAFKA_USERS_FILE;
-use saga_e2e::workspace_root;
-use saphyr::{LoadableYamlNode, YamlOwned};
+use saphyr::YamlOwned;
 
 use crate::kafka::native_properties;
 use crate::lib_sh::LibSh;
-use crate::read;
 use crate::yaml::{
-    Node, Overlaid, env_var, environment, listener_addresses, published_ports, strings, text,
+    Node, Overlaid, env_var, environment, listener_addresses, load_yaml_documents, published_ports,
+    strings, text,
 };
 
 const OVERLAY: &str = "docker-compose.sasl.yml";
@@ -103,10 +102,19 @@ fn the_overlays_listener_is_the_native_ones_port_mechanisms_users_and_acls() {
         env_var(&users, "kafka-users", "USERS"),
         format!(
             "{} {}",
-            lib.scalar("KAFKA_SASL_SERVICE_USERS"),
+            example_users().join(" "),
             lib.scalar("KAFKA_SASL_DENIED_USER")
         )
     );
+    // PLAIN's users are listed in the native broker's JAAS line, which the overlay's
+    // copies: each of the example's must be there.
+    let plain = native(&lib, "listener.name.sasl_ssl.plain.sasl.jaas.config");
+    for user in example_users() {
+        assert!(
+            plain.contains(&format!(" user_{user}=")),
+            "{SERVER_PROPERTIES}: no PLAIN login for {user}"
+        );
+    }
     assert_eq!(
         compose_default(&env_var(&users, "kafka-users", "PASSWORD")),
         lib.scalar("KAFKA_SASL_PASSWORD")
@@ -143,10 +151,8 @@ fn every_kafka_client_logs_in_on_the_overlays_listener_trusting_its_ca() {
         assert!(mechanisms.contains(&mechanism), "{name}: {mechanism}");
         assert_eq!(env_var(&env, name, "KAFKA_CLIENT_SASL_USERNAME"), name);
         assert!(
-            lib.scalar("KAFKA_SASL_SERVICE_USERS")
-                .split(' ')
-                .any(|user| user == name),
-            "{name}: not a user of the native listener (KAFKA_SASL_SERVICE_USERS)"
+            example_users().iter().any(|user| user == name),
+            "{name}: not a user of {KAFKA_USERS_FILE}"
         );
         assert_eq!(
             compose_default(&env_var(&env, name, "KAFKA_CLIENT_SASL_PASSWORD")),
@@ -166,17 +172,26 @@ fn every_kafka_client_logs_in_on_the_overlays_listener_trusting_its_ca() {
 /// One ACL: user, resource type, resource name, operation.
 type Acl = (String, String, String, String);
 
+/// The chart's example users, which the native broker and the overlay make, in order.
+fn example_user_documents() -> Vec<YamlOwned> {
+    load_yaml_documents(KAFKA_USERS_FILE)
+        .into_iter()
+        .filter(|d| text(d.at(&["kind"])) == "KafkaUser")
+        .collect()
+}
+
+fn example_users() -> Vec<String> {
+    example_user_documents()
+        .iter()
+        .map(|user| text(user.at(&["metadata", "name"])))
+        .collect()
+}
+
 /// The ACLs of the chart's example users, with Strimzi's resource types spelled as
 /// kafka-acls.sh spells its options (`transactionalId` is `transactional-id`).
 fn example_acls() -> BTreeSet<Acl> {
-    let path = workspace_root().join(KAFKA_USERS_FILE);
-    let documents = YamlOwned::load_from_str(&read(&path))
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut acls = BTreeSet::new();
-    for user in documents
-        .iter()
-        .filter(|d| text(d.at(&["kind"])) == "KafkaUser")
-    {
+    for user in &example_user_documents() {
         let name = text(user.at(&["metadata", "name"]));
         let entries = user.at(&["spec", "authorization", "acls"]);
         for acl in entries.as_sequence().expect("acls is a list") {

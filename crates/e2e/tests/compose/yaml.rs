@@ -210,8 +210,13 @@ pub(crate) fn listener_addresses(listeners: &str) -> Vec<(String, String)> {
 
 /// A YAML file of the project's, parsed.
 pub(crate) fn load_yaml(path: &str) -> YamlOwned {
-    let mut documents = YamlOwned::load_from_str(&read(&workspace_root().join(path)))
-        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut documents = load_yaml_documents(path);
     assert_eq!(documents.len(), 1, "{path}: one YAML document");
     documents.remove(0)
+}
+
+/// A YAML file of the project's that holds several documents, parsed.
+pub(crate) fn load_yaml_documents(path: &str) -> Vec<YamlOwned> {
+    YamlOwned::load_from_str(&read(&workspace_root().join(path)))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
 }
