@@ -22,29 +22,27 @@ impl Granted {
     /// `USER:TYPE:NAME:OPERATION` as the file names it
     /// (`order-service:topic:payments:Read`).
     pub async fn grant(brokers: &str, namespace: &str, without: &[&str]) -> Self {
-        let (b, n) = (brokers.to_owned(), namespace.to_owned());
-        let without: Vec<String> = without.iter().map(|w| (*w).to_owned()).collect();
-        // A JVM's start: off the test's runtime, which may have one thread.
-        tokio::task::spawn_blocking(move || {
-            let without: Vec<&str> = without.iter().map(String::as_str).collect();
-            run(&b, "grant", &n, &without);
-        })
-        .await
-        .expect("the grant ran");
-        Self {
+        let granted = Self {
             brokers: brokers.to_owned(),
             namespace: namespace.to_owned(),
-        }
+        };
+        let (brokers, namespace) = (granted.brokers.clone(), granted.namespace.clone());
+        let without: Vec<String> = without.iter().map(|w| (*w).to_owned()).collect();
+        // A JVM's start: off the test's runtime, which may have one thread.
+        tokio::task::spawn_blocking(move || run(&brokers, "grant", &namespace, &without))
+            .await
+            .expect("the grant ran");
+        granted
     }
 }
 
 impl Drop for Granted {
     fn drop(&mut self) {
-        run(&self.brokers, "revoke", &self.namespace, &[]);
+        run::<&str>(&self.brokers, "revoke", &self.namespace, &[]);
     }
 }
 
-fn run(brokers: &str, what: &str, namespace: &str, without: &[&str]) {
+fn run<W: AsRef<std::ffi::OsStr>>(brokers: &str, what: &str, namespace: &str, without: &[W]) {
     let root = workspace_root();
     let output = Command::new(root.join("scripts/kafka-tool"))
         .args(["users", brokers, what, namespace])
