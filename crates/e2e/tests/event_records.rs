@@ -27,13 +27,12 @@
 mod document;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use document::{DEAD_LETTER, address, channels, contract, messages, resolve};
 use jsonschema::{Draft, Validator};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::{Headers, Message as _, OwnedMessage};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use regex::Regex;
 use saga_e2e::SERVICES;
 use serde_json::{Map, Value, json};
@@ -46,17 +45,10 @@ const SHOWN: usize = 40;
 #[ignore = "reads what the workspace's tests left on the broker: scripts/test runs it after them"]
 fn every_record_the_services_wrote_matches_the_event_contract() {
     let schemas = Schemas::compile(&contract());
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", saga_testkit::kafka_brokers())
-        // Required by the client, used for nothing: the partitions are assigned by hand.
-        .set("group.id", "order-saga-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .create()
-        .unwrap();
+    let consumer = saga::kafka::reader(&saga_testkit::kafka_brokers()).unwrap();
     let namespaces = namespaces_a_service_ran_in(&consumer);
     let topics = topics_in(&consumer, &namespaces);
-    let records = read_to_end(&consumer, &topics);
+    let records = saga::kafka::read_topics(&consumer, &topics, Duration::from_secs(300)).unwrap();
 
     let mut tally = Tally::default();
     for record in &records {
@@ -326,59 +318,4 @@ fn topics_in(consumer: &BaseConsumer, namespaces: &BTreeSet<String>) -> Vec<Stri
                 .is_some_and(|n| namespaces.contains(n.as_str()))
         })
         .collect()
-}
-
-/// Every record of `topics`, up to where each partition ended when it was asked. Read
-/// to where the reader's position passes that end, not to a count of offsets: a relay's
-/// transaction markers take offsets too.
-fn read_to_end(consumer: &BaseConsumer, topics: &[String]) -> Vec<OwnedMessage> {
-    let metadata = consumer.fetch_metadata(None, TIMEOUT).unwrap();
-    let mut assignment = TopicPartitionList::new();
-    let mut unread = std::collections::HashMap::new();
-    for topic in metadata
-        .topics()
-        .iter()
-        .filter(|t| topics.iter().any(|n| n == t.name()))
-    {
-        for partition in topic.partitions() {
-            let (low, high) = consumer
-                .fetch_watermarks(topic.name(), partition.id(), TIMEOUT)
-                .unwrap();
-            if high > low {
-                assignment
-                    .add_partition_offset(topic.name(), partition.id(), Offset::Offset(low))
-                    .unwrap();
-                unread.insert((topic.name().to_owned(), partition.id()), high);
-            }
-        }
-    }
-    let mut records = Vec::new();
-    if unread.is_empty() {
-        return records;
-    }
-    consumer.assign(&assignment).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !unread.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "{} partitions not read to their end",
-            unread.len()
-        );
-        match consumer.poll(Duration::from_millis(500)) {
-            Some(Ok(message)) => records.push(message.detach()),
-            // It names the partition alone, not its topic: look at every position.
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => {
-                let positions = consumer.position().unwrap();
-                unread.retain(|(topic, partition), high| {
-                    !matches!(
-                        positions.find_partition(topic, *partition).map(|e| e.offset()),
-                        Some(Offset::Offset(position)) if position >= *high
-                    )
-                });
-            }
-            Some(Err(error)) => panic!("reading the topics: {error}"),
-            None => {}
-        }
-    }
-    records
 }

@@ -167,15 +167,32 @@ pub async fn await_topics(
 /// consumer that joins no group and commits nothing. Blocks: call it off the runtime's
 /// workers. Reads what is retained, so its cost grows with the topic.
 pub fn read_topic(brokers: &str, topic: &str) -> anyhow::Result<Vec<OwnedMessage>> {
-    let consumer = reader(brokers)?;
+    read_topics(
+        &reader(brokers)?,
+        &[topic.to_owned()],
+        Duration::from_secs(30),
+    )
+}
+
+/// Every record now in `topics`, with `consumer` (a [`reader`]), from the start of each
+/// partition to where it ended when asked, within `within`. Read to where the reader's
+/// position passes that end, not to a count of offsets: a relay's transaction markers take
+/// offsets too. Blocks.
+pub fn read_topics(
+    consumer: &BaseConsumer,
+    topics: &[String],
+    within: Duration,
+) -> anyhow::Result<Vec<OwnedMessage>> {
     let timeout = Duration::from_secs(10);
     let mut assignment = TopicPartitionList::new();
-    let mut unread = std::collections::BTreeSet::new();
-    for partition in 0..partition_count(&consumer, topic)? {
-        let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
-        if high > low {
-            assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
-            unread.insert(partition);
+    let mut unread = BTreeMap::new();
+    for topic in topics {
+        for partition in 0..partition_count(consumer, topic)? {
+            let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
+            if high > low {
+                assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
+                unread.insert((topic.clone(), partition), high);
+            }
         }
     }
     let mut records = Vec::new();
@@ -183,16 +200,24 @@ pub fn read_topic(brokers: &str, topic: &str) -> anyhow::Result<Vec<OwnedMessage
         return Ok(records);
     }
     consumer.assign(&assignment)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + within;
     while !unread.is_empty() {
         anyhow::ensure!(
             Instant::now() < deadline,
-            "timed out reading {topic}: partitions {unread:?} not read to their end"
+            "timed out reading {topics:?}: {:?} not read to their end",
+            unread.keys().collect::<Vec<_>>()
         );
         match consumer.poll(Duration::from_millis(500)) {
             Some(Ok(message)) => records.push(message.detach()),
-            Some(Err(KafkaError::PartitionEOF(partition))) => {
-                unread.remove(&partition);
+            // It names the partition alone, not its topic: look at every position.
+            Some(Err(KafkaError::PartitionEOF(_))) => {
+                let positions = consumer.position()?;
+                unread.retain(|(topic, partition), high| {
+                    !matches!(
+                        positions.find_partition(topic, *partition).map(|e| e.offset()),
+                        Some(Offset::Offset(position)) if position >= *high
+                    )
+                });
             }
             Some(Err(error)) => return Err(error.into()),
             None => {}
@@ -271,7 +296,7 @@ pub fn group_caught_up(brokers: &str, group: &str, topic: &str) -> anyhow::Resul
 /// A consumer that reads partitions assigned by hand, committing nothing, and says where
 /// each partition ends: a partition's offsets are not all records, as each Kafka
 /// transaction of a relay leaves a marker, which a reader skips.
-fn reader(brokers: &str) -> KafkaResult<BaseConsumer> {
+pub fn reader(brokers: &str) -> KafkaResult<BaseConsumer> {
     client_config(brokers)
         // Required by the client, used for nothing: the partitions are assigned by hand.
         .set("group.id", "order-saga-reader")
